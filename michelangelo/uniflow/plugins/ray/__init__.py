@@ -1,0 +1,7 @@
+"""Ray plugin for uniflow: ``RayTask`` clusters, capacity checks and Ray Train run configs."""
+
+from michelangelo.uniflow.plugins.ray._capacity import CapacityError, ResourcesUnavailableError
+from michelangelo.uniflow.plugins.ray._config import RayTask
+from michelangelo.uniflow.plugins.ray._run_config import create_run_config
+
+__all__ = ["CapacityError", "RayTask", "ResourcesUnavailableError", "create_run_config"]
