@@ -1,1 +1,51 @@
-"""uniflow core."""
+"""uniflow: tasks and workflows whose results persist to any fsspec storage.
+
+Typical use::
+
+    import michelangelo.uniflow.core as uniflow
+
+    @uniflow.task()
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    @uniflow.workflow()
+    def pipeline(n: int) -> int:
+        return add(n, add(n, 1))
+
+    if __name__ == "__main__":
+        print(uniflow.create_context().run(pipeline, 2))
+"""
+
+from michelangelo.uniflow.core._context import Context, create_context
+from michelangelo.uniflow.core._io import ValueIO, register_io
+from michelangelo.uniflow.core._plugin import TaskPlugin, register_plugin
+from michelangelo.uniflow.core._records import RunState, TaskState
+from michelangelo.uniflow.core._runtime import current_call
+from michelangelo.uniflow.core._task import Task, task
+from michelangelo.uniflow.core._workflow import Workflow, workflow
+from michelangelo.uniflow.core.errors import (
+    RunNotFoundError,
+    TaskTimeoutError,
+    UniflowError,
+    UserError,
+)
+
+__all__ = [
+    "Context",
+    "RunNotFoundError",
+    "RunState",
+    "Task",
+    "TaskPlugin",
+    "TaskState",
+    "TaskTimeoutError",
+    "UniflowError",
+    "UserError",
+    "ValueIO",
+    "Workflow",
+    "create_context",
+    "current_call",
+    "register_io",
+    "register_plugin",
+    "task",
+    "workflow",
+]

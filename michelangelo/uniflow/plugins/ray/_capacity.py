@@ -28,6 +28,8 @@ _IGNORED_PREFIXES = ("node:", "object_store_memory", "accelerator_type:")
 class CapacityError(ValueError):
     """A ``ScalingConfig`` asks for more than the cluster it runs on can hold."""
 
+    uniflow_retryable = False  # retrying cannot make the cluster bigger
+
     def __reduce__(self):  # survives the trip across Ray process boundaries
         return (type(self), self.args)
 

@@ -1,0 +1,139 @@
+"""FSDP2 on Ray Train: a Ray-aware ``ModelParallelStrategy`` and the driver-side kwarg check.
+
+Ray Train ships Ray flavours of Lightning's DDP, FSDP and DeepSpeed strategies but none of
+``ModelParallelStrategy`` (Lightning's FSDP2 / DTensor strategy). ``RayModelParallelStrategy``
+fills that gap. Ray Train already owns the process group, the world size and the device of
+each worker, so the strategy takes all three from Ray instead of from its own arguments, and
+``validate_fsdp2_kwargs`` rejects the arguments that would contradict Ray on the driver,
+before any worker starts.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import pytorch_lightning as pl
+import ray.train.torch
+import torch
+import torch.distributed
+from typing_extensions import override
+
+__all__ = ["RayModelParallelStrategy", "validate_fsdp2_kwargs"]
+
+# Each entry: the reason Ray Train owns the setting, and what to do instead.
+_RAY_OWNED_KWARGS: dict[str, tuple[str, str]] = {
+    "tensor_parallel_size": (
+        "tensor parallelism is not supported: FSDP2 here shards over data parallelism only",
+        "remove it; every Ray Train worker is one data-parallel shard",
+    ),
+    "data_parallel_size": (
+        "FSDP2 always shards across the full Ray Train world size",
+        "remove it and change ScalingConfig(num_workers=...) instead",
+    ),
+    "process_group_backend": (
+        "Ray Train creates the process group before Lightning starts",
+        "remove it and set ray.train.torch.TorchConfig(backend=...) on the trainer instead",
+    ),
+    "timeout": (
+        "Ray Train creates the process group before Lightning starts",
+        "remove it and set ray.train.torch.TorchConfig(timeout_s=...) on the trainer instead",
+    ),
+}
+
+
+def validate_fsdp2_kwargs(strategy_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """Check ``strategy_kwargs`` meant for the ``"fsdp2"`` strategy, on the driver.
+
+    Args:
+        strategy_kwargs: Keyword arguments the user wants passed to
+            ``RayModelParallelStrategy``. ``None`` is treated as empty.
+
+    Returns:
+        A new dict safe to pass to ``RayModelParallelStrategy(**kwargs)``; the input is not
+        modified. ``save_distributed_checkpoint`` is always ``True`` in it.
+
+    Raises:
+        ValueError: If a key that Ray Train owns (``tensor_parallel_size``,
+            ``data_parallel_size``, ``process_group_backend``, ``timeout``) is present.
+        TypeError: If ``strategy_kwargs`` is not a dict.
+    """
+    if strategy_kwargs is None:
+        return {"save_distributed_checkpoint": True}
+    if not isinstance(strategy_kwargs, dict):
+        raise TypeError(
+            "lightning_trainer_kwargs['strategy_kwargs'] must be a dict for strategy='fsdp2', "
+            f"got {type(strategy_kwargs).__name__}: {strategy_kwargs!r}."
+        )
+    for key, (why, fix) in _RAY_OWNED_KWARGS.items():
+        if key in strategy_kwargs:
+            raise ValueError(
+                f"strategy_kwargs[{key!r}]={strategy_kwargs[key]!r} is not allowed with "
+                f"strategy='fsdp2': {why}. Fix: {fix}."
+            )
+    cleaned = dict(strategy_kwargs)
+    if cleaned.get("save_distributed_checkpoint", True) is not True:
+        warnings.warn(
+            "strategy_kwargs['save_distributed_checkpoint']="
+            f"{cleaned['save_distributed_checkpoint']!r} is not supported with strategy='fsdp2'; "
+            "it is forced to True because each worker writes its own shard of the checkpoint. "
+            "Remove the key to silence this warning; use "
+            "LightningTrainerWithStateDict.update_model_state_dict to get full weights.",
+            UserWarning,
+            stacklevel=2,
+        )
+    cleaned["save_distributed_checkpoint"] = True
+    return cleaned
+
+
+class RayModelParallelStrategy(pl.strategies.ModelParallelStrategy):
+    """Lightning's ``ModelParallelStrategy`` (FSDP2) running inside a Ray Train worker.
+
+    Differences from the parent, all because Ray Train already set the worker up:
+
+    * ``root_device`` is ``ray.train.torch.get_device()`` (CPU or the worker's GPU).
+    * ``data_parallel_size`` is the Ray Train world size and ``tensor_parallel_size`` is 1,
+      fixed when the environment is set up. Lightning's ``"auto"`` would assume one node and
+      fail its ``dp * tp == world_size`` check on a multi-worker Ray run.
+    * The process group Ray created is reused, with whatever backend it has (gloo on CPU).
+
+    The LightningModule must implement ``configure_model()`` and apply
+    ``torch.distributed.fsdp.fully_shard`` there, as with the parent strategy. Use it with
+    ``ray.train.lightning.RayLightningEnvironment`` as the cluster environment plugin; do
+    not pass it through ``ray.train.lightning.prepare_trainer``, which rejects it.
+
+    Args:
+        **kwargs: Forwarded to ``ModelParallelStrategy``. Checked with
+            ``validate_fsdp2_kwargs`` so that Ray-owned settings cannot slip in.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        cleaned = validate_fsdp2_kwargs(kwargs)
+        # The real sizes are only known inside the worker, in setup_environment.
+        super().__init__(data_parallel_size="auto", tensor_parallel_size="auto", **cleaned)
+
+    @property
+    @override
+    def root_device(self) -> torch.device:
+        return ray.train.torch.get_device()
+
+    @property
+    @override
+    def num_processes(self) -> int:
+        # One Ray Train worker is one process with one device.
+        return 1
+
+    @override
+    def setup_environment(self) -> None:
+        # world_size comes from the cluster environment (Ray's train context), which is valid
+        # from here on; set both sizes explicitly so the parent never guesses.
+        self._data_parallel_size = self.world_size
+        self._tensor_parallel_size = 1
+        super().setup_environment()
+
+    @override
+    def _get_process_group_backend(self) -> str:
+        # Ray initialised the group already; report its real backend rather than a guess.
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return str(torch.distributed.get_backend())
+        return super()._get_process_group_backend()

@@ -1,0 +1,143 @@
+"""Memory preflight: will the model's persistent training state fit one worker?
+
+The model is built on the ``meta`` device on the driver (no memory, no weights), its
+parameters are counted, and the bytes each worker must hold for the whole run are estimated:
+
+* 16 bytes per parameter for Adam/AdamW: 4 for the fp32 weight, 4 for its gradient and 8 for
+  the two moments. Under ``bf16-mixed`` Lightning keeps the weights in fp32 and autocasts, so
+  the figure is the same as plain fp32; we use 16 in both cases (we do not model an fp16
+  weight copy next to a master copy, which a pure half-precision setup would add).
+* DDP replicates all of it. FSDP / FSDP2 / DeepSpeed ZeRO-3 split all 16 bytes across the
+  world size; ZeRO-2 splits gradients and optimizer state (12) but keeps the weights (4);
+  ZeRO-1 splits only the optimizer state (8).
+
+Activations are not included: they depend on the batch and are the caller's margin, which
+is why we warn above 80% of the budget and only refuse above 100%.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+BYTES_PER_PARAM = 16
+WARN_FRACTION = 0.8
+
+__all__ = ["MemoryEstimate", "check_memory", "count_meta_parameters", "estimate_bytes"]
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Per-worker persistent bytes against the budget they must fit in."""
+
+    parameters: int
+    per_worker_bytes: int
+    budget_bytes: int
+    budget_source: str
+
+    @property
+    def fraction(self) -> float:
+        return self.per_worker_bytes / self.budget_bytes
+
+
+def build_meta_model(create_model_fn: Any, kwargs: dict[str, Any]) -> Any | None:
+    """``create_model_fn(**kwargs)`` on the meta device, or None when it cannot be built so."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            model = create_model_fn(**kwargs)
+            configure = getattr(model, "configure_model", None)
+            if callable(configure):
+                configure()
+        return model
+    except Exception as error:  # noqa: BLE001 - many factories load files or need a device
+        logger.debug("Memory preflight skipped: create_model_fn cannot build on the meta "
+                     "device (%s: %s)", type(error).__name__, error)
+        return None
+
+
+def count_meta_parameters(model: Any) -> int:
+    """Unique parameter elements of ``model`` (tied weights counted once)."""
+    seen: set[int] = set()
+    total = 0
+    for param in model.parameters():
+        if id(param) in seen:
+            continue
+        seen.add(id(param))
+        total += param.numel()
+    return total
+
+
+def estimate_bytes(parameters: int, strategy: Any, world_size: int) -> int:
+    """Persistent per-worker bytes for ``parameters`` under ``strategy`` (a StrategyChoice)."""
+    world = max(world_size, 1)
+    if strategy.shards_parameters:
+        return math.ceil(parameters * BYTES_PER_PARAM / world)
+    if strategy.name == "deepspeed":
+        stage = int(strategy.kwargs.get("stage", 2))
+        replicated = {0: 16, 1: 8, 2: 4, 3: 0}.get(stage, 4)
+        return math.ceil(parameters * (replicated + (BYTES_PER_PARAM - replicated) / world))
+    return parameters * BYTES_PER_PARAM
+
+
+def worker_budget(scaling_config: Any) -> tuple[int, str] | None:
+    """Bytes one worker may use, and where that number came from; None when unknown."""
+    if scaling_config.use_gpu:
+        import torch
+
+        if torch.cuda.is_available():
+            total = torch.cuda.get_device_properties(0).total_memory
+            return int(total), "GPU memory (torch.cuda device 0 on the driver)"
+        return None
+    per_worker = (scaling_config.resources_per_worker or {}).get("memory")
+    if per_worker:
+        return int(per_worker), "ScalingConfig.resources_per_worker['memory']"
+    from michelangelo.uniflow.plugins.ray._capacity import current_ray_task
+
+    task = current_ray_task()
+    if task is None or task.parsed("worker_memory") is None:
+        return None
+    workers = scaling_config.num_workers
+    workers = workers[1] if isinstance(workers, tuple) else workers
+    # Workers spread over the worker nodes; those sharing a node share its memory.
+    per_node = math.ceil(max(workers, 1) / max(task.worker_instances, 1))
+    budget = int(task.parsed("worker_memory")) // per_node
+    return budget, f"RayTask worker_memory / {per_node} worker(s) per node"
+
+
+def check_memory(parameters: int, strategy: Any, scaling_config: Any) -> MemoryEstimate | None:
+    """Warn above 80% of a worker's budget; raise above 100%.
+
+    Raises:
+        ValueError: The persistent state alone exceeds the budget.
+    """
+    budget = worker_budget(scaling_config)
+    if budget is None:
+        logger.debug("Memory preflight skipped: no per-worker memory is declared")
+        return None
+    workers = scaling_config.num_workers
+    workers = workers[1] if isinstance(workers, tuple) else workers
+    estimate = MemoryEstimate(
+        parameters, estimate_bytes(parameters, strategy, workers), budget[0], budget[1]
+    )
+    text = (
+        f"{parameters:,} parameters x {BYTES_PER_PARAM} bytes (weights, gradients, AdamW "
+        f"state) under strategy={strategy.label!r} over {workers} worker(s) is about "
+        f"{estimate.per_worker_bytes / 2**30:.2f} GiB per worker before activations, "
+        f"{estimate.fraction:.0%} of {budget[0] / 2**30:.2f} GiB ({budget[1]})"
+    )
+    if estimate.fraction > 1.0:
+        raise ValueError(
+            f"Memory preflight: {text}. Fix: raise worker_memory (or the GPU), add workers "
+            "with a sharding strategy ('fsdp', 'fsdp2' or 'deepspeed'), or shrink the model."
+        )
+    if estimate.fraction > WARN_FRACTION:
+        warnings.warn(f"Memory preflight: {text}; little room is left for activations. "
+                      "Consider a sharding strategy or more memory.", UserWarning, stacklevel=3)
+    return estimate

@@ -1,0 +1,279 @@
+"""Profiler sinks: ship each node's profiler output to the run of the trainer's MLflow or Comet logger.
+
+Lightning only hands out a real tracking client on global rank 0 (elsewhere ``logger.experiment``
+is a no-op dummy), so a sink that relied on it would drop every other node's profile. These sinks
+instead rebuild a client from the run's identity (MLflow run id and tracking URI; Comet experiment
+key, project and offline folder), which rank 0 broadcasts to all ranks through
+:func:`share_logger_identity` right after ``fit()``.
+
+Files land under ``profiler/node-<node_rank>/`` in the run, keeping their layout below
+``profiler_dir``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+# Where share_logger_identity leaves the broadcast identity for the sinks on the same rank.
+IDENTITY_ATTR = "_michelangelo_logger_identity"
+ARTIFACT_ROOT = "profiler"
+
+
+@dataclasses.dataclass(frozen=True)
+class MlflowRunIdentity:
+    """What any process needs to write into the MLflow run that rank 0's logger created.
+
+    Attributes:
+        run_id: The MLflow run id.
+        tracking_uri: The tracking URI, made absolute for local ``file:`` stores.
+    """
+
+    run_id: str
+    tracking_uri: str
+
+
+@dataclasses.dataclass(frozen=True)
+class CometExperimentIdentity:
+    """What any process needs to add assets to the Comet experiment that rank 0's logger created.
+
+    Attributes:
+        experiment_key: The Comet experiment key.
+        project: The Comet project name, if any.
+        workspace: The Comet workspace, if any.
+        online: False when rank 0 logged offline; other ranks then write offline archives too.
+        offline_directory: Where offline archives go (None: Comet's default).
+    """
+
+    experiment_key: str
+    project: str | None
+    workspace: str | None
+    online: bool
+    offline_directory: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggerIdentity:
+    """The tracker runs of a trainer, as rank 0 sees them; the same value on every rank."""
+
+    mlflow: MlflowRunIdentity | None = None
+    comet: CometExperimentIdentity | None = None
+
+
+def share_logger_identity(trainer: Any) -> None:
+    """Broadcast rank 0's MLflow/Comet run identity and store it on ``trainer`` on every rank.
+
+    Call it on ALL ranks after ``fit()``: it runs a collective when the trainer has an MLflow
+    or Comet logger (every rank has the same loggers, so all ranks agree whether to). It never
+    raises; a failure is logged and leaves the sinks to rank 0 only.
+
+    Args:
+        trainer: The ``pytorch_lightning.Trainer`` that ran ``fit()``.
+    """
+    if _find_logger(trainer, "mlflow") is None and _find_logger(trainer, "comet") is None:
+        return
+    identity: LoggerIdentity | None = None
+    if trainer.global_rank == 0:
+        try:
+            identity = _identity_on_rank_zero(trainer)
+        except Exception as error:  # noqa: BLE001 - rank 0 must still join the broadcast
+            logger.warning("Could not read the tracker run identity on rank 0 (%s: %s); only "
+                           "rank 0 will export profiler output.", type(error).__name__, error)
+    try:
+        if trainer.world_size > 1:
+            identity = trainer.strategy.broadcast(identity, src=0)
+    except Exception as error:  # noqa: BLE001 - observability must not fail a finished run
+        logger.warning("Could not broadcast the tracker run identity (%s: %s); only rank 0 "
+                       "will export profiler output.", type(error).__name__, error)
+        identity = identity if trainer.global_rank == 0 else None
+    setattr(trainer, IDENTITY_ATTR, identity)
+
+
+def mlflow_profiler_sink(trainer: Any, profiler_dir: str) -> None:
+    """Upload every file under ``profiler_dir`` to the MLflow run of the trainer's ``MLFlowLogger``.
+
+    Works on any rank: global rank 0 uses the logger's own client; other ranks build
+    ``MlflowClient(tracking_uri)`` from the identity :func:`share_logger_identity` stored.
+    Files go to ``profiler/node-<node_rank>/`` in the run's artifacts.
+
+    Args:
+        trainer: The ``pytorch_lightning.Trainer`` that ran ``fit()``.
+        profiler_dir: The node's folder of profiler output.
+    """
+    mlflow_logger = _find_logger(trainer, "mlflow")
+    if mlflow_logger is None:
+        logger.warning("mlflow_profiler_sink: the trainer has no MLFlowLogger in `loggers`; "
+                       "add one through lightning_trainer_kwargs['logger']. Nothing uploaded.")
+        return
+    files = list(_files_under(profiler_dir))
+    if not files:
+        logger.warning("mlflow_profiler_sink: no files in %r; nothing uploaded.", profiler_dir)
+        return
+    artifact_path = _node_prefix(trainer)
+    if trainer.global_rank == 0:
+        client, run_id = mlflow_logger.experiment, mlflow_logger.run_id
+    else:
+        identity = _identity(trainer).mlflow
+        if identity is None:
+            logger.warning("mlflow_profiler_sink: rank %d has no MLflow run identity; call "
+                           "share_logger_identity(trainer) on all ranks after fit(). Nothing "
+                           "uploaded from node %d.", trainer.global_rank, trainer.node_rank)
+            return
+        from mlflow.tracking import MlflowClient
+
+        client, run_id = MlflowClient(identity.tracking_uri), identity.run_id
+    client.log_artifacts(run_id, profiler_dir, artifact_path=artifact_path)
+    logger.info("mlflow_profiler_sink: uploaded %d file(s) from %r to run %s under %r.",
+                len(files), profiler_dir, run_id, artifact_path)
+
+
+def comet_profiler_sink(trainer: Any, profiler_dir: str) -> None:
+    """Log every file under ``profiler_dir`` as an asset of the trainer's ``CometLogger`` experiment.
+
+    Works on any rank: global rank 0 uses the logger's live experiment; other ranks continue
+    the same experiment by its key (an existing online experiment, or an offline archive that
+    Comet merges into it on upload) and end it so the archive is written. Assets are named
+    ``profiler/node-<node_rank>/<relative path>``.
+
+    Args:
+        trainer: The ``pytorch_lightning.Trainer`` that ran ``fit()``.
+        profiler_dir: The node's folder of profiler output.
+    """
+    comet_logger = _find_logger(trainer, "comet")
+    if comet_logger is None:
+        logger.warning("comet_profiler_sink: the trainer has no CometLogger in `loggers`; add "
+                       "one through lightning_trainer_kwargs['logger']. Nothing uploaded.")
+        return
+    files = list(_files_under(profiler_dir))
+    if not files:
+        logger.warning("comet_profiler_sink: no files in %r; nothing uploaded.", profiler_dir)
+        return
+    prefix = _node_prefix(trainer)
+    if trainer.global_rank == 0:
+        experiment = comet_logger.experiment
+        _log_assets(experiment, profiler_dir, files, prefix)
+        # Lightning only flushes at finalize; the experiment stays open for the user.
+        experiment.flush()
+        return
+    identity = _identity(trainer).comet
+    if identity is None:
+        logger.warning("comet_profiler_sink: rank %d has no Comet experiment identity; call "
+                       "share_logger_identity(trainer) on all ranks after fit(). Nothing "
+                       "uploaded from node %d.", trainer.global_rank, trainer.node_rank)
+        return
+    experiment = _continue_comet_experiment(identity, trainer.node_rank)
+    try:
+        _log_assets(experiment, profiler_dir, files, prefix)
+    finally:
+        experiment.end()  # writes the offline archive / drains the online upload queue
+
+
+def _continue_comet_experiment(identity: CometExperimentIdentity, node_rank: int) -> Any:
+    import comet_ml
+
+    # Only the assets are wanted: keep Comet from logging code, environment or console output.
+    config = comet_ml.ExperimentConfig(
+        offline_directory=identity.offline_directory,
+        log_code=False,
+        log_graph=False,
+        auto_param_logging=False,
+        auto_metric_logging=False,
+        auto_log_co2=False,
+        parse_args=False,
+        auto_output_logging=False,
+        log_env_details=False,
+        log_git_metadata=False,
+        log_git_patch=False,
+        log_env_gpu=False,
+        log_env_host=False,
+        log_env_cpu=False,
+        log_env_network=False,
+        log_env_disk=False,
+        display_summary_level=0,
+        distributed_node_identifier=f"node-{node_rank}",
+    )
+    return comet_ml.start(
+        workspace=identity.workspace,
+        project=identity.project,
+        experiment_key=identity.experiment_key,
+        mode="get",
+        online=identity.online,
+        experiment_config=config,
+    )
+
+
+def _log_assets(experiment: Any, profiler_dir: str, files: list[str], prefix: str) -> None:
+    for path in files:
+        relative = os.path.relpath(path, profiler_dir).replace(os.sep, "/")
+        experiment.log_asset(path, file_name=f"{prefix}/{relative}")
+    logger.info("comet_profiler_sink: logged %d file(s) from %r under %r.", len(files),
+                profiler_dir, prefix)
+
+
+def _identity_on_rank_zero(trainer: Any) -> LoggerIdentity:
+    mlflow_identity = comet_identity = None
+    mlflow_logger = _find_logger(trainer, "mlflow")
+    if mlflow_logger is not None:
+        client = mlflow_logger.experiment
+        mlflow_identity = MlflowRunIdentity(run_id=mlflow_logger.run_id,
+                                            tracking_uri=_absolute_uri(client.tracking_uri))
+    comet_logger = _find_logger(trainer, "comet")
+    if comet_logger is not None:
+        comet_identity = _comet_identity(comet_logger)
+    return LoggerIdentity(mlflow=mlflow_identity, comet=comet_identity)
+
+
+def _comet_identity(comet_logger: Any) -> CometExperimentIdentity | None:
+    import comet_ml
+
+    experiment = comet_logger.experiment
+    if getattr(experiment, "disabled", False):
+        # CometLogger(online=False) builds a disabled experiment that records nothing.
+        logger.info("The CometLogger's experiment is disabled; other ranks will not log to it.")
+        return None
+    offline = isinstance(experiment, comet_ml.OfflineExperiment)
+    offline_directory = getattr(experiment, "offline_directory", None) if offline else None
+    return CometExperimentIdentity(
+        experiment_key=experiment.get_key(),
+        project=getattr(experiment, "project_name", None) or comet_logger.name,
+        workspace=getattr(experiment, "workspace", None),
+        online=not offline,
+        offline_directory=os.path.abspath(offline_directory) if offline_directory else None,
+    )
+
+
+def _absolute_uri(uri: str) -> str:
+    # A relative "file:" store means the driver's idea of "here"; other processes start elsewhere.
+    if uri.startswith("file:") and not uri.startswith("file:/"):
+        return "file:" + os.path.abspath(uri[len("file:"):])
+    return uri
+
+
+def _identity(trainer: Any) -> LoggerIdentity:
+    return getattr(trainer, IDENTITY_ATTR, None) or LoggerIdentity()
+
+
+def _find_logger(trainer: Any, kind: str) -> Any | None:
+    if kind == "mlflow":
+        from pytorch_lightning.loggers import MLFlowLogger as wanted
+    else:
+        from pytorch_lightning.loggers import CometLogger as wanted
+    for candidate in getattr(trainer, "loggers", None) or []:
+        if isinstance(candidate, wanted):
+            return candidate
+    return None
+
+
+def _node_prefix(trainer: Any) -> str:
+    return f"{ARTIFACT_ROOT}/node-{int(trainer.node_rank)}"
+
+
+def _files_under(folder: str) -> Iterator[str]:
+    for parent, _, names in sorted(os.walk(folder)):
+        for name in sorted(names):
+            yield os.path.join(parent, name)

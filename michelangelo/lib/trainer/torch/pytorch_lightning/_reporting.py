@@ -1,0 +1,136 @@
+"""Checkpoint reporting to Ray Train from inside Lightning.
+
+Every report follows one layout: each rank calls ``trainer.save_checkpoint`` into its own
+temp folder as ``checkpoint.ckpt`` and reports it, and Ray merges the rank folders into one
+persisted checkpoint folder (a file for DDP, a folder for sharded strategies).
+
+When the user gave a ``ModelCheckpoint``, a report follows each of its saves (so its
+``monitor`` decides when, and Ray's ``checkpoint_score_attribute`` sees the same metric);
+otherwise a report is made at the end of every training epoch.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import posixpath
+import shutil
+import tempfile
+from typing import Any
+
+import pytorch_lightning as pl
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_NAME = "checkpoint.ckpt"
+
+__all__ = ["CHECKPOINT_NAME", "EpochEndReport", "Reporter", "report_on_model_checkpoint"]
+
+
+def _dir_name() -> str:
+    # Ray Train V2's own naming (local time, microseconds), so tools that sort Ray's
+    # checkpoint folders by name keep working.
+    return "checkpoint_" + datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S.%f")
+
+
+def _as_float(value: Any) -> Any:
+    try:
+        return value.item()
+    except (AttributeError, ValueError, RuntimeError):
+        return value
+
+
+class Reporter:
+    """Saves and reports one checkpoint on every rank; tells the observer.
+
+    Args:
+        experiment_dir: ``<storage_path>/<name>``, where Ray persists the checkpoints.
+        observer: Optional ``TrainingObserver``.
+        extra_metrics: Added to every report (e.g. ``global_batch_size``).
+    """
+
+    def __init__(self, experiment_dir: str | None, observer: Any = None,
+                 extra_metrics: dict[str, Any] | None = None) -> None:
+        self.experiment_dir = experiment_dir
+        self.observer = observer
+        self.extra_metrics = dict(extra_metrics or {})
+        self.last_step: int | None = None
+
+    def metrics(self, trainer: pl.Trainer) -> dict[str, Any]:
+        metrics = {k: _as_float(v) for k, v in trainer.callback_metrics.items()}
+        metrics.update(self.extra_metrics)
+        metrics["epoch"] = trainer.current_epoch
+        metrics["step"] = trainer.global_step
+        return metrics
+
+    def report(self, trainer: pl.Trainer) -> None:
+        import ray.train
+
+        # Two saves at one step (e.g. top-k and save_last) hold the same state: report once.
+        # global_step is equal on all ranks, so every rank skips alike.
+        if self.last_step == trainer.global_step:
+            return
+        self.last_step = trainer.global_step
+        name = trainer.strategy.broadcast(_dir_name() if trainer.is_global_zero else None, src=0)
+        metrics = self.metrics(trainer)
+        tmp = tempfile.mkdtemp(prefix=f"michelangelo-ckpt-rank{trainer.global_rank}-")
+        try:
+            trainer.save_checkpoint(os.path.join(tmp, CHECKPOINT_NAME), weights_only=False)
+            ray.train.report(
+                metrics,
+                checkpoint=ray.train.Checkpoint.from_directory(tmp),
+                checkpoint_dir_name=name,
+            )
+            trainer.strategy.barrier()
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        path = posixpath.join(self.experiment_dir, name) if self.experiment_dir else name
+        if self.observer is not None:
+            self.observer.on_checkpoint_saved(
+                metrics["epoch"], metrics["step"], dict(metrics), path
+            )
+
+
+class EpochEndReport(pl.Callback):
+    """Report a checkpoint at the end of every training epoch (after its validation)."""
+
+    def __init__(self, reporter: Reporter) -> None:
+        self.reporter = reporter
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.reporter.report(trainer)
+
+
+_SUBCLASSES: dict[type, type] = {}
+
+
+def _reporting_subclass(cls: type) -> type:
+    if cls not in _SUBCLASSES:
+
+        def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+            cls._save_checkpoint(self, trainer, filepath)
+            self._michelangelo_reporter.report(trainer)
+
+        _SUBCLASSES[cls] = type(cls.__name__, (cls,), {"_save_checkpoint": _save_checkpoint})
+    return _SUBCLASSES[cls]
+
+
+def report_on_model_checkpoint(callbacks: list[Any], reporter: Reporter) -> bool:
+    """Make every ``ModelCheckpoint`` in ``callbacks`` report after each of its saves.
+
+    The instance's class is swapped for a same-named subclass on this worker only; the
+    user's object, its arguments and its state are untouched otherwise.
+
+    Returns:
+        Whether any ``ModelCheckpoint`` was found.
+    """
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    found = False
+    for callback in callbacks:
+        if isinstance(callback, ModelCheckpoint):
+            callback._michelangelo_reporter = reporter
+            callback.__class__ = _reporting_subclass(type(callback))
+            found = True
+    return found

@@ -1,0 +1,202 @@
+"""``LightningTrainer``: a ``ray.train.torch.TorchTrainer`` that runs a Lightning fit."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+from ray.train import RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+
+from michelangelo.lib.trainer.torch.pytorch_lightning._freeze import frozen_names
+from michelangelo.lib.trainer.torch.pytorch_lightning._lightning_kwargs import (
+    resolve_lightning_kwargs,
+)
+from michelangelo.lib.trainer.torch.pytorch_lightning._loop import (
+    WorkerSpec,
+    train_loop_per_worker,
+)
+from michelangelo.lib.trainer.torch.pytorch_lightning._param import LightningTrainerParam
+from michelangelo.lib.trainer.torch.pytorch_lightning._preflight import (
+    build_meta_model,
+    check_memory,
+    count_meta_parameters,
+)
+from michelangelo.lib.trainer.torch.pytorch_lightning._resume import (
+    experiment_dir_of,
+    plan_resume,
+)
+from michelangelo.lib.trainer.torch.pytorch_lightning._validation import check_all
+from michelangelo.lib.trainer.torch.pytorch_lightning._weights import check_weights_path
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["LightningTrainer"]
+
+
+class LightningTrainer(TorchTrainer):
+    """Run a PyTorch Lightning training loop on Ray Train workers.
+
+    Everything that can be checked before dispatch is checked in the constructor, on the
+    driver: the parameters, the strategy and its kwargs, picklability, precision against
+    the devices, the initial weights path, freeze patterns and a memory estimate. The
+    capacity check against the cluster runs at the start of :meth:`fit`.
+
+    Args:
+        trainer_param: The training run.
+        run_config: Ray Train ``RunConfig``. Reusing ``storage_path``/``name`` resumes.
+        scaling_config: Ray Train ``ScalingConfig`` (workers and per-worker resources).
+        torch_config: Optional ``ray.train.torch.TorchConfig`` (process group backend).
+        dataset_config: Optional ``ray.train.DataConfig``.
+
+    Raises:
+        ValueError: Any invalid setting, naming the field and the fix.
+    """
+
+    def __init__(
+        self,
+        trainer_param: LightningTrainerParam,
+        run_config: RunConfig | None = None,
+        scaling_config: ScalingConfig | None = None,
+        *,
+        torch_config: Any = None,
+        dataset_config: Any = None,
+    ) -> None:
+        if not isinstance(trainer_param, LightningTrainerParam):
+            raise ValueError(
+                f"trainer_param must be a LightningTrainerParam, got {type(trainer_param).__name__}"
+                ". Fix: LightningTrainer(trainer_param=LightningTrainerParam(...), ...)."
+            )
+        scaling_config = scaling_config or ScalingConfig()
+        run_config = run_config or RunConfig()
+        self.trainer_param = trainer_param
+        self._resolved = resolve_lightning_kwargs(trainer_param)
+        check_all(trainer_param, self._resolved, scaling_config)
+        if trainer_param.initial_weights_path:
+            check_weights_path(trainer_param.initial_weights_path)
+        self._preflight_model(scaling_config)
+        self._resume_plan = plan_resume(run_config, trainer_param.experiment_store)
+        datasets = {"train": trainer_param.train_data}
+        if trainer_param.val_data is not None:
+            datasets["val"] = trainer_param.val_data
+        super().__init__(
+            train_loop_per_worker=train_loop_per_worker,
+            train_loop_config={},
+            torch_config=torch_config,
+            scaling_config=scaling_config,
+            run_config=run_config,
+            datasets=datasets,
+            dataset_config=dataset_config,
+        )
+
+    @property
+    def global_batch_size(self) -> int:
+        """Per-device batch x workers x gradient accumulation."""
+        workers = self.scaling_config.num_workers
+        workers = workers[1] if isinstance(workers, tuple) else workers
+        return (self.trainer_param.batch_size * max(int(workers), 1)
+                * self._resolved.accumulate_grad_batches)
+
+    def fit(self):
+        """Check capacity, then run training; returns Ray's ``Result``.
+
+        Raises:
+            CapacityError: The ScalingConfig cannot be placed on the cluster.
+        """
+        self._check_capacity()
+        logger.info(
+            "LightningTrainer: global batch size %d (batch_size %d x workers x "
+            "accumulate_grad_batches %d)", self.global_batch_size,
+            self.trainer_param.batch_size, self._resolved.accumulate_grad_batches,
+        )
+        self.train_loop_config = {"spec": self._worker_spec()}
+        return super().fit()
+
+    def train(self, run_config: RunConfig | None = None) -> dict[str, Any]:
+        """Run training and return ``{"checkpoint_path", "path", "metrics"}``.
+
+        Args:
+            run_config: Overrides the constructor's ``RunConfig``. Auto-resume is decided at
+                construction and is not re-evaluated; prefer the constructor argument.
+
+        Returns:
+            ``checkpoint_path``: the latest reported checkpoint folder (None if none);
+            ``path``: the Ray result path of the run; ``metrics``: the final reported
+            metrics, including ``global_batch_size``.
+        """
+        if run_config is not None:
+            self._override_run_config(run_config)
+        result = self.fit()
+        metrics = dict(result.metrics or {})
+        metrics["global_batch_size"] = self.global_batch_size
+        checkpoint_path = result.checkpoint.path if result.checkpoint is not None else None
+        observer = self.trainer_param.training_observer
+        if observer is not None:
+            observer.on_result(dict(metrics), checkpoint_path)
+        return {"checkpoint_path": checkpoint_path, "path": result.path, "metrics": metrics}
+
+    def _override_run_config(self, run_config: RunConfig) -> None:
+        from ray.train.v2._internal.execution.context import TrainRunContext
+
+        if self.trainer_param.experiment_store is not None:
+            warnings.warn(
+                "run_config was passed to train() while an experiment_store is configured: the "
+                "override is applied, but auto-resume was decided at construction and is not "
+                "re-evaluated. Fix: pass run_config to LightningTrainer(...) instead.",
+                UserWarning,
+                stacklevel=3,
+            )
+            logger.warning("run_config passed to train() with an experiment_store configured")
+        self.run_config = run_config
+        # Ray Train V2 froze the run context in __init__; rebuild it so fit() is consistent.
+        self.train_run_context = TrainRunContext(
+            run_config=run_config,
+            train_loop_config=self.train_loop_config,
+            scaling_config=self.scaling_config,
+            backend_config=self.backend_config,
+            dataset_config=self.data_config,
+        )
+
+    def _preflight_model(self, scaling_config: ScalingConfig) -> None:
+        param = self.trainer_param
+        model = build_meta_model(param.create_model_fn, param.create_model_fn_kwargs)
+        if model is None:
+            return
+        spec = param.transfer_learning_spec
+        if spec is not None and spec.freezes:
+            frozen_names([n for n, _ in model.named_parameters()], spec)
+        check_memory(count_meta_parameters(model), self._resolved.strategy, scaling_config)
+
+    def _check_capacity(self) -> None:
+        from michelangelo.uniflow.plugins.ray._capacity import check_fits, current_shape
+
+        shape = current_shape(live_fallback=True)
+        if shape is None:
+            logger.debug("Capacity check skipped: no RayTask and Ray is not initialised yet")
+            return
+        check_fits(self.scaling_config, shape)
+
+    def _worker_spec(self) -> WorkerSpec:
+        param = self.trainer_param
+        val_rows = param.val_data.count() if param.val_data is not None else None
+        return WorkerSpec(
+            create_model_fn=param.create_model_fn,
+            create_model_fn_kwargs=dict(param.create_model_fn_kwargs),
+            batch_size=param.batch_size,
+            shuffle_buffer_rows=param.shuffle_buffer_rows,
+            collate_fn=param.data_collate_fn,
+            resolved=self._resolved,
+            train_rows=param.train_data.count(),
+            val_rows=val_rows,
+            initial_weights_path=param.initial_weights_path,
+            transfer_learning_spec=param.transfer_learning_spec,
+            observer=param.training_observer,
+            experiment_store=param.experiment_store,
+            storage_path=self.run_config.storage_path,
+            run_name=self.run_config.name,
+            experiment_dir=experiment_dir_of(self.run_config),
+            seed_checkpoint=self._resume_plan.seed_checkpoint,
+            profiler_sink=param.profiler_sink,
+            global_batch_size=self.global_batch_size,
+        )

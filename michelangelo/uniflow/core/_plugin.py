@@ -1,0 +1,55 @@
+"""Task plugins: a task's ``config`` object finds its executor by type.
+
+The core knows only "a config with hooks". A plugin validates its config when a task is
+declared and wraps each execution of the task body in a context manager (for the Ray
+plugin: provision or reuse a cluster, then connect to it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from michelangelo.uniflow.core.errors import UserError
+
+if TYPE_CHECKING:
+    from michelangelo.uniflow.core._run import Run
+
+
+class TaskPlugin:
+    """Base class of plugins; the default runs the body in the driver process as it is."""
+
+    def validate(self, config: Any) -> None:
+        """Raise ``ValueError`` for a config that cannot work, before anything starts."""
+
+    @contextlib.contextmanager
+    def execution(self, config: Any, run: Run) -> Iterator[None]:
+        """Surround one attempt of a task body (and the persisting of its result)."""
+        yield
+
+    def describe(self, config: Any) -> str:
+        return "local"
+
+
+_PLUGINS: dict[type, TaskPlugin] = {}
+_LOCAL = TaskPlugin()
+
+
+def register_plugin(config_type: type, plugin: TaskPlugin) -> None:
+    """Make ``plugin`` the executor of tasks whose config is a ``config_type``."""
+    _PLUGINS[config_type] = plugin
+
+
+def find_plugin(config: Any) -> TaskPlugin:
+    if config is None:
+        return _LOCAL
+    for klass in type(config).__mro__:
+        if klass in _PLUGINS:
+            return _PLUGINS[klass]
+    raise UserError(
+        f"@uniflow.task(config={config!r}): no uniflow plugin handles "
+        f"{type(config).__name__} configs. Import the plugin that defines it (for Ray: "
+        "`from michelangelo.uniflow.plugins.ray import RayTask`) or pass config=None to run "
+        "the task in the local process."
+    )

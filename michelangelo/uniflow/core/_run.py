@@ -1,0 +1,331 @@
+"""One workflow run: calls tasks, persists their results, resumes and caches."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import datetime
+import inspect
+import posixpath
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from michelangelo.uniflow.core import _builtin_io  # noqa: F401  (registers the built-in IOs)
+from michelangelo.uniflow.core._console import Reporter
+from michelangelo.uniflow.core._fingerprint import call_key, inputs_fingerprint
+from michelangelo.uniflow.core._io import io_for, io_named
+from michelangelo.uniflow.core._logs import capture_output
+from michelangelo.uniflow.core._plugin import find_plugin
+from michelangelo.uniflow.core._records import (
+    RunRecord,
+    RunState,
+    RunStore,
+    TaskRecord,
+    TaskState,
+)
+from michelangelo.uniflow.core._runtime import CallInfo, reset_current_call, set_current_call
+from michelangelo.uniflow.core._storage import Storage
+from michelangelo.uniflow.core._timeout import time_limit
+from michelangelo.uniflow.core.errors import RunNotFoundError, UserError
+
+if TYPE_CHECKING:
+    from michelangelo.uniflow.core._task import Task
+
+_ACTIVE_RUN: contextvars.ContextVar[Run | None] = contextvars.ContextVar(
+    "uniflow_active_run", default=None
+)
+
+
+def active_run() -> Run | None:
+    return _ACTIVE_RUN.get()
+
+
+def new_run_id(workflow: str) -> str:
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{uuid.uuid4().hex[:6]}"
+
+
+class Run:
+    """State and side effects of one run of a workflow (or of a task called on its own)."""
+
+    def __init__(
+        self,
+        workflow: str,
+        *,
+        storage: Storage | None = None,
+        reporter: Reporter | None = None,
+        resume: str | None = None,
+        run_id: str | None = None,
+    ) -> None:
+        self.storage = storage or Storage()
+        self.store = RunStore(self.storage)
+        self.reporter = reporter or Reporter()
+        self.record = RunRecord(
+            run_id=run_id or new_run_id(workflow),
+            workflow=workflow,
+            storage_url=self.storage.url,
+            resumed_from=resume,
+        )
+        self.resources: dict[str, Any] = {}  # plugin state that lives as long as the run
+        self._cleanups: list[Callable[[], None]] = []
+        self._sequence = 0
+        self._previous: dict[str, TaskRecord] = {}
+        if resume is not None:
+            if self.store.load_run(resume) is None:
+                raise RunNotFoundError(
+                    f"--resume {resume!r}: no such run under {self.storage.url}. "
+                    "List runs with `michelangelo runs list`."
+                )
+            self._previous = {r.call_id: r for r in self.store.load_tasks(resume)}
+
+    @property
+    def run_id(self) -> str:
+        return self.record.run_id
+
+    # -- services offered to plugins -------------------------------------------------------
+    def add_cleanup(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` when the run ends, however it ends (last added runs first)."""
+        self._cleanups.append(fn)
+
+    def status(self, message: str) -> contextlib.AbstractContextManager[None]:
+        return self.reporter.status(message)
+
+    def info(self, message: str) -> None:
+        self.reporter.info(message)
+
+    # -- the run as a whole ------------------------------------------------------------------
+    def execute(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        self.record.arguments = self.store.describe_args(_bind(fn, args, kwargs))
+        self.store.save_run(self.record)
+        self.reporter.run_started(self.record)
+        token = _ACTIVE_RUN.set(self)
+        try:
+            value = fn(*args, **kwargs)
+        except BaseException as exc:
+            interrupted = isinstance(exc, (KeyboardInterrupt, SystemExit))
+            self.record.state = RunState.INTERRUPTED if interrupted else RunState.FAILED
+            self.record.error = _error_dict(exc)
+            raise
+        else:
+            self.record.state = RunState.SUCCEEDED
+            return value
+        finally:
+            _ACTIVE_RUN.reset(token)
+            try:
+                self._close()
+            finally:
+                self.record.ended = time.time()
+                self.store.save_run(self.record)
+                self.reporter.run_finished(self.record)
+
+    def _close(self) -> None:
+        errors = []
+        while self._cleanups:
+            cleanup = self._cleanups.pop()
+            try:
+                cleanup()
+            except Exception as exc:  # keep cleaning; report after
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    # -- one task call ---------------------------------------------------------------------
+    def call_task(self, task: Task, args: tuple, kwargs: dict) -> Any:
+        self._sequence += 1
+        call_id = f"{self._sequence:03d}-{task.name}"
+        arguments = _bind(task.fn, args, kwargs)
+        input_fp = inputs_fingerprint(arguments)
+        key = call_key(task.identity, task.code_fingerprint, input_fp, task.cache_version)
+        record = TaskRecord(
+            call_id=call_id,
+            task_name=task.name,
+            key=key,
+            code_fingerprint=task.code_fingerprint,
+            inputs_fingerprint=input_fp,
+            config=repr(task.config) if task.config is not None else None,
+        )
+        self.record.tasks.append(call_id)
+        self.store.save_run(self.record)
+
+        reused = self._from_previous(record) or (task.cache and self._from_cache(record))
+        if reused:
+            return reused[0]
+        return self._execute(task, record, arguments)
+
+    def _from_previous(self, record: TaskRecord) -> tuple[Any] | None:
+        previous = self._previous.get(record.call_id)
+        if previous is None or not previous.state.done_ok or previous.key is None:
+            return None
+        if previous.key != record.key or previous.output is None:
+            return None
+        value = self._load_output(previous.output)
+        if value is _MISSING:
+            return None
+        record.state = TaskState.REUSED
+        record.output = previous.output
+        record.source_run = previous.source_run or self.record.resumed_from
+        return (self._finish(record, value),)
+
+    def _from_cache(self, record: TaskRecord) -> tuple[Any] | None:
+        if record.key is None:
+            return None
+        entry = self.storage.try_read_json(self._cache_entry(record.key))
+        if not entry:
+            return None
+        value = self._load_output(entry["output"])
+        if value is _MISSING:
+            return None
+        record.state = TaskState.CACHED
+        record.output = entry["output"]
+        record.source_run = entry.get("run_id")
+        return (self._finish(record, value),)
+
+    def _finish(self, record: TaskRecord, value: Any) -> Any:
+        now = time.time()
+        record.started = record.started or now
+        record.ended = now
+        self.store.save_task(self.run_id, record)
+        self.reporter.task_changed(record)
+        return value
+
+    def _cache_entry(self, key: str) -> str:
+        return self.storage.join("cache", f"{key}.json")
+
+    def _load_output(self, output: dict) -> Any:
+        io = io_named(output["io"])
+        folder = output["folder"]
+        if not self.storage.exists(folder):
+            return _MISSING
+        value = io.read(self.storage, folder, output["meta"])
+        return io.travelling(value, self.storage, folder, output["meta"])
+
+    def _execute(self, task: Task, record: TaskRecord, arguments: dict[str, Any]) -> Any:
+        plugin = find_plugin(task.config)
+        call_dir = self.store.call_dir(self.run_id, record.call_id)
+        record.started = time.time()
+        last_exc: BaseException | None = None
+        for attempt in range(1, task.retries + 2):
+            record.attempts = attempt
+            record.state = TaskState.RUNNING
+            self.store.save_task(self.run_id, record)
+            self.reporter.task_changed(record)
+            info = CallInfo(self.run_id, record.call_id, task.name, attempt, self.storage, call_dir)
+            log_path = self.store.log_path(self.run_id, record.call_id, attempt)
+            token = set_current_call(info)
+            try:
+                with (
+                    capture_output(log_path if self.storage.is_local else None),
+                    plugin.execution(task.config, self),
+                ):
+                    resolved = _resolve(task.fn, arguments)
+                    with time_limit(task.timeout, task.name):
+                        value = task.fn(**resolved)
+                    travelling = self._persist(record, call_dir, value)
+            except Exception as exc:
+                last_exc = exc
+                record.error = _error_dict(exc)
+                retryable = getattr(exc, "uniflow_retryable", True) and attempt <= task.retries
+                if retryable:
+                    self.info(f"task {record.call_id} attempt {attempt} failed "
+                              f"({type(exc).__name__}: {exc}); retrying")
+                    continue
+                break
+            except BaseException as exc:  # Ctrl-C, SystemExit: record and stop at once
+                record.state = TaskState.FAILED
+                record.error = _error_dict(exc)
+                record.ended = time.time()
+                self.store.save_task(self.run_id, record)
+                self.reporter.task_changed(record)
+                raise
+            finally:
+                reset_current_call(token)
+            record.state = TaskState.SUCCEEDED
+            record.error = None
+            record.ended = time.time()
+            self.store.save_task(self.run_id, record)
+            if task.cache and record.key is not None:
+                self.storage.write_json(
+                    self._cache_entry(record.key),
+                    {"output": record.output, "run_id": self.run_id, "task": task.identity},
+                )
+            self.reporter.task_changed(record)
+            return travelling
+
+        assert last_exc is not None
+        record.state = TaskState.FAILED
+        record.ended = time.time()
+        self.store.save_task(self.run_id, record)
+        self.reporter.task_changed(record)
+        raise _prefixed(last_exc, task.name)
+
+    def _persist(self, record: TaskRecord, call_dir: str, value: Any) -> Any:
+        io = io_for(value)
+        final = posixpath.join(call_dir, f"output-{record.attempts}")
+        staging = self.storage.staging_dir(final)
+        try:
+            meta = io.write(value, self.storage, staging)
+            self.storage.publish(staging, final)
+        except BaseException:
+            self.storage.remove(staging)
+            raise
+        record.output = {"io": io.name, "folder": final, "meta": meta}
+        return io.travelling(value, self.storage, final, meta)
+
+
+_MISSING = object()
+
+
+def _bind(fn: Callable[..., Any], args: tuple, kwargs: dict) -> dict[str, Any]:
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"{getattr(fn, '__name__', fn)}(): {exc}") from None
+    bound.apply_defaults()
+    return dict(bound.arguments)
+
+
+def _resolve(fn: Callable[..., Any], arguments: dict[str, Any]) -> dict[str, Any]:
+    """Turn handles into what the task's annotations ask for (e.g. a Ray Dataset)."""
+    try:
+        hints = inspect.get_annotations(fn, eval_str=True)
+    except Exception:  # unresolvable annotations: pass the handles as they are
+        hints = {}
+    resolved = {}
+    for name, value in arguments.items():
+        resolver = getattr(value, "uniflow_resolve", None)
+        resolved[name] = resolver(hints.get(name)) if resolver else value
+    return resolved
+
+
+def _error_dict(exc: BaseException) -> dict:
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc)[:2000],
+        "traceback": "".join(traceback.format_exception(exc))[-8000:],
+    }
+
+
+def _prefixed(exc: BaseException, task_name: str) -> BaseException:
+    """The user's own exception, its message prefixed with the task name."""
+    prefix = f"task {task_name!r} failed: "
+    args = exc.args
+    if args and isinstance(args[0], str):
+        if not args[0].startswith(prefix):
+            exc.args = (prefix + args[0], *args[1:])
+    elif not args:
+        exc.args = (prefix.rstrip(": "),)
+    else:
+        exc.add_note(prefix.rstrip(": "))
+    return exc
+
+
+@contextlib.contextmanager
+def no_run() -> Iterator[None]:
+    token = _ACTIVE_RUN.set(None)
+    try:
+        yield
+    finally:
+        _ACTIVE_RUN.reset(token)

@@ -1,0 +1,232 @@
+"""A real multi-node Ray cluster on this machine, shaped like a ``RayTask``.
+
+The head and each worker node are separate ``ray start --block`` processes on loopback
+(the way KubeRay pods run them), with logical CPUs, GPUs, memory and disk taken from the
+RayTask; oversubscribing the machine is fine because Ray schedules on logical resources.
+The driver connects as soon as the head is up, and worker nodes join in the background:
+Ray Train dispatch waits for them (bounded) through :meth:`wait_for_nodes`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import shutil
+import sys
+import tempfile
+import time
+
+from michelangelo.uniflow.core.errors import ClusterError
+from michelangelo.uniflow.plugins.ray._cluster import ClusterState, RayCluster
+from michelangelo.uniflow.plugins.ray._config import RayTask
+from michelangelo.uniflow.plugins.ray._ports import free_port
+
+_DEFAULT_WORKER_OBJECT_STORE = 256 * 2**20
+_DEFAULT_HEAD_OBJECT_STORE = 512 * 2**20
+_HEAD_START_TIMEOUT_S = 120.0
+
+
+def _ray_executable() -> str:
+    candidate = os.path.join(os.path.dirname(sys.executable), "ray")
+    return candidate if os.path.exists(candidate) else "ray"
+
+
+def node_arguments(task: RayTask, role: str) -> list[str]:
+    """``ray start`` resource flags for the head or a worker node of ``task``."""
+    args = [f"--num-cpus={_cpu_flag(task.parsed(f'{role}_cpu'))}",
+            f"--num-gpus={task.parsed(f'{role}_gpu')}"]
+    memory = task.parsed(f"{role}_memory")
+    if memory is not None:
+        args.append(f"--memory={memory}")
+    default_osm = _DEFAULT_HEAD_OBJECT_STORE if role == "head" else _DEFAULT_WORKER_OBJECT_STORE
+    osm = task.parsed(f"{role}_object_store_memory") or default_osm
+    if memory is not None:
+        osm = min(osm, memory)
+    args.append(f"--object-store-memory={max(osm, 75 * 2**20)}")
+    disk = task.parsed(f"{role}_disk")
+    if disk is not None:
+        # Ray has no disk resource; a custom one lets tasks ask for it and keeps the shape honest.
+        args.append(f"--resources={json.dumps({'disk': disk})}")
+    return args
+
+
+def _cpu_flag(cpus: float) -> str:
+    # Ray start takes whole CPUs; a fractional head ("500m") still needs a slot for the driver.
+    return str(max(int(cpus), 0)) if float(cpus).is_integer() else str(max(int(cpus + 0.999), 1))
+
+
+class LocalRayCluster(RayCluster):
+    """Head and workers as local ``ray start`` processes, torn down with the run."""
+
+    def __init__(self, task: RayTask, log_dir: str) -> None:
+        self.task = task
+        self.log_dir = log_dir
+        self.state = ClusterState.PENDING
+        self._procs: list[subprocess.Popen] = []
+        self._logs: list[str] = []
+        self._env = dict(os.environ)
+        # `ray start` turns token auth on in Ray 2.60, while this driver, as a client, follows
+        # its own RAY_AUTH_MODE (read when ray is imported; "disabled" unless set). The nodes
+        # follow the driver so that it can connect: set RAY_AUTH_MODE=token to have both on.
+        self._env["RAY_AUTH_MODE"] = os.environ.get("RAY_AUTH_MODE", "disabled")
+        self._env.pop("RAY_ADDRESS", None)
+
+    def start(self) -> None:
+        import ray
+
+        if ray.is_initialized():
+            raise ClusterError(
+                "Ray is already initialised in this process, so uniflow cannot connect it to "
+                "the RayTask's cluster. Call ray.shutdown() first, or set RAY_ADDRESS to run "
+                "on that cluster instead."
+            )
+        os.makedirs(self.log_dir, exist_ok=True)
+        port = free_port()
+        dashboard_port = free_port()
+        # A private temp dir keeps `ray start` from making this cluster the machine's default
+        # (a plain ray.init() elsewhere would otherwise try to join it, even after it is gone).
+        self._temp_dir = tempfile.mkdtemp(prefix="uf-ray-", dir="/tmp")
+        head = [
+            "--head",
+            f"--port={port}",
+            f"--temp-dir={self._temp_dir}",
+            f"--dashboard-port={dashboard_port}",
+            "--dashboard-host=127.0.0.1",
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--ray-client-server-port={free_port()}",
+            f"--metrics-export-port={free_port()}",
+            *node_arguments(self.task, "head"),
+        ]
+        try:
+            self._spawn("head", head)
+            from ray._private.services import get_node_ip_address
+
+            self.address = f"{get_node_ip_address()}:{port}"
+            self._wait_for_head(port)
+            ray.init(
+                address=self.address,
+                runtime_env=self.task.runtime_env,
+                log_to_driver=True,
+                logging_level="WARNING",
+            )
+            self.dashboard_url = f"http://127.0.0.1:{dashboard_port}"
+            for index in range(self.task.worker_instances):
+                worker = [
+                    f"--address={self.address}",
+                            f"--dashboard-agent-listen-port={free_port()}",
+                    f"--metrics-export-port={free_port()}",
+                    *node_arguments(self.task, "worker"),
+                ]
+                self._spawn(f"worker-{index}", worker)
+        except BaseException:
+            self.state = ClusterState.FAILED
+            self.shutdown()
+            raise
+        self.state = ClusterState.READY
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        log = os.path.join(self.log_dir, f"{name}.log")
+        self._logs.append(log)
+        with open(log, "wb") as handle:
+            proc = subprocess.Popen(
+                [_ray_executable(), "start", "--block", "--disable-usage-stats", *args],
+                stdout=handle,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self._env,
+                start_new_session=True,  # its own process group: we can end all of it
+            )
+        self._procs.append(proc)
+
+    def _wait_for_head(self, port: int) -> None:
+        import socket
+
+        deadline = time.monotonic() + _HEAD_START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            head = self._procs[0]
+            if head.poll() is not None:
+                raise ClusterError(
+                    f"the Ray head exited with code {head.returncode} while starting; "
+                    f"its log ends with:\n{_tail(self._logs[0])}"
+                )
+            with socket.socket() as sock:
+                sock.settimeout(0.2)
+                if sock.connect_ex(("127.0.0.1", port)) == 0 and _head_started(self._logs[0]):
+                    return
+            time.sleep(0.1)
+        raise ClusterError(
+            f"the Ray head did not come up within {_HEAD_START_TIMEOUT_S:.0f}s; its log ends "
+            f"with:\n{_tail(self._logs[0])}"
+        )
+
+    def wait_for_nodes(self, timeout_s: float) -> None:
+        import ray
+
+        expected = 1 + self.task.worker_instances
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for index, proc in enumerate(self._procs):
+                if proc.poll() is not None:
+                    raise ClusterError(
+                        f"Ray node {index} of the RayTask cluster exited with code "
+                        f"{proc.returncode}; its log ends with:\n{_tail(self._logs[index])}"
+                    )
+            alive = sum(1 for node in ray.nodes() if node.get("Alive"))
+            if alive >= expected:
+                return
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"only {alive} of the {expected} Ray nodes declared by {self.task.describe()} "
+                    f"joined within {timeout_s:.0f}s. The machine may be overloaded; raise "
+                    "UF_RAY_NODE_WAIT_S to wait longer. Node logs are in " + self.log_dir
+                )
+            time.sleep(0.2)
+
+    def shutdown(self) -> None:
+        import ray
+
+        if self.state == ClusterState.DELETED:
+            return
+        if ray.is_initialized():
+            ray.shutdown()
+        # Workers first, then the head; SIGTERM lets `ray start --block` drain and exit.
+        for proc in reversed(self._procs):
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + 20
+        for proc in reversed(self._procs):
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                _signal_group(proc, signal.SIGKILL)
+                proc.wait(timeout=10)
+        for proc in self._procs:  # leftovers of a node's process group (workers, agents)
+            _signal_group(proc, signal.SIGKILL)
+        self._procs.clear()
+        if getattr(self, "_temp_dir", None):
+            shutil.rmtree(self._temp_dir, ignore_errors=True)
+        self.state = ClusterState.DELETED
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _head_started(log: str) -> bool:
+    try:
+        with open(log, "rb") as handle:
+            return b"Ray runtime started" in handle.read()
+    except OSError:
+        return False
+
+
+def _tail(path: str, lines: int = 15) -> str:
+    try:
+        with open(path, errors="replace") as handle:
+            return "".join(handle.readlines()[-lines:])
+    except OSError:
+        return "(no log)"

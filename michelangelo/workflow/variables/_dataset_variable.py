@@ -1,0 +1,169 @@
+"""``DatasetVariable``: a small handle to a dataset stored as Parquet."""
+
+from __future__ import annotations
+
+import posixpath
+from typing import Any
+
+_NOT_LOADED = object()
+
+
+class DatasetVariable:
+    """A dataset that travels between tasks as a handle: path, schema, rows, fingerprint.
+
+    A task returns ``DatasetVariable.create(ds)`` (or a bare ``ray.data.Dataset``); uniflow
+    writes the data as Parquet under the run's storage and hands the next task this handle.
+    Pickling a handle never pickles the data. Load the data where it is needed with
+    :meth:`load_ray_dataset` or :meth:`load_pandas_dataframe`; both also set :attr:`value`.
+    """
+
+    def __init__(
+        self,
+        value: Any = _NOT_LOADED,
+        *,
+        path: str | None = None,
+        schema: str | None = None,
+        num_rows: int | None = None,
+        fingerprint: str | None = None,
+    ) -> None:
+        self._value = value
+        self.path = path
+        self.schema = schema
+        self.num_rows = num_rows
+        self.fingerprint = fingerprint
+
+    @classmethod
+    def create(cls, value: Any) -> DatasetVariable:
+        """Wrap a ``ray.data.Dataset``, a pandas ``DataFrame`` or a pyarrow ``Table``.
+
+        Raises:
+            TypeError: For any other kind of value.
+        """
+        if not _is_supported(value):
+            raise TypeError(
+                f"DatasetVariable.create(value) got a {type(value).__module__}."
+                f"{type(value).__name__}; pass a ray.data.Dataset, a pandas.DataFrame or a "
+                "pyarrow.Table."
+            )
+        return cls(value)
+
+    @property
+    def value(self) -> Any:
+        """The loaded dataset (after ``load_*`` or ``create``), else ``None``."""
+        return None if self._value is _NOT_LOADED else self._value
+
+    @property
+    def is_stored(self) -> bool:
+        return self.path is not None
+
+    def load_ray_dataset(self) -> Any:
+        """Read the stored Parquet files as a ``ray.data.Dataset`` and keep it in ``value``."""
+        import ray.data
+
+        if not self.is_stored:
+            if self._value is _NOT_LOADED:
+                raise ValueError("DatasetVariable has neither stored data nor a value to load.")
+            self._value = _to_ray(self._value)
+            return self._value
+        self._check_exists()
+        self._value = ray.data.read_parquet(self.path)
+        return self._value
+
+    def load_pandas_dataframe(self) -> Any:
+        """Read the stored Parquet files into a pandas ``DataFrame`` and keep it in ``value``."""
+        if not self.is_stored:
+            if self._value is _NOT_LOADED:
+                raise ValueError("DatasetVariable has neither stored data nor a value to load.")
+            self._value = _to_pandas(self._value)
+            return self._value
+        import pyarrow.parquet as pq
+
+        fs, root = self._check_exists()
+        files = sorted(f for f in fs.find(root) if f.endswith(".parquet"))
+        tables = [pq.read_table(f, filesystem=_arrow_fs(fs)) for f in files]
+        import pyarrow as pa
+
+        table = pa.concat_tables(tables) if tables else pa.table({})
+        self._value = table.to_pandas()
+        return self._value
+
+    def _check_exists(self):
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(self.path)
+        if not fs.exists(root) or not any(f.endswith(".parquet") for f in fs.find(root)):
+            raise FileNotFoundError(
+                f"DatasetVariable data is missing at {self.path!r} (expected Parquet files "
+                "there). The run's storage was moved or deleted; rerun the task that produced "
+                "it, or point UF_STORAGE_URL at the storage that holds it."
+            )
+        return fs, root
+
+    # -- uniflow hooks ---------------------------------------------------------------------
+    def uniflow_fingerprint(self) -> str | None:
+        return self.fingerprint
+
+    def uniflow_resolve(self, annotation: Any) -> Any:
+        """Give a task the form its parameter annotation asks for."""
+        name = getattr(annotation, "__module__", "") + "." + getattr(annotation, "__name__", "")
+        if name.endswith("Dataset") and name.startswith("ray.data"):
+            return self.load_ray_dataset()
+        if name == "pandas.core.frame.DataFrame":
+            return self.load_pandas_dataframe()
+        return self
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_value"] = _NOT_LOADED if self.is_stored else state["_value"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        if not self.is_stored:
+            return f"DatasetVariable(value={type(self._value).__name__}, not stored yet)"
+        return (
+            f"DatasetVariable(path={self.path!r}, num_rows={self.num_rows}, "
+            f"fingerprint={self.fingerprint!r})"
+        )
+
+
+def _is_supported(value: Any) -> bool:
+    kind = f"{type(value).__module__}.{type(value).__name__}"
+    return (
+        kind.startswith("ray.data") and type(value).__name__ in ("Dataset", "MaterializedDataset")
+    ) or kind == "pandas.core.frame.DataFrame" or kind == "pyarrow.lib.Table"
+
+
+def _to_ray(value: Any) -> Any:
+    import ray.data
+
+    kind = type(value).__module__
+    if kind.startswith("pandas"):
+        return ray.data.from_pandas(value)
+    if kind.startswith("pyarrow"):
+        return ray.data.from_arrow(value)
+    return value
+
+
+def _to_pandas(value: Any) -> Any:
+    kind = type(value).__module__
+    if kind.startswith("pyarrow"):
+        return value.to_pandas()
+    if kind.startswith("ray"):
+        return value.to_pandas()
+    return value
+
+
+def _arrow_fs(fs: Any) -> Any:
+    import pyarrow.fs as pafs
+    from fsspec.implementations.local import LocalFileSystem
+
+    if isinstance(fs, LocalFileSystem):
+        return pafs.LocalFileSystem()
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
+
+
+def data_path(folder: str) -> str:
+    return posixpath.join(folder, "data")
