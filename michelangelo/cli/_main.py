@@ -1,0 +1,68 @@
+"""Entry point of the ``michelangelo`` command."""
+
+from __future__ import annotations
+
+import signal
+import sys
+from typing import Any
+
+import click
+
+from michelangelo.cli._loading import load_target, parse_args
+from michelangelo.cli._runs import runs
+
+
+class _Group(click.Group):
+    """Turns any error into one line (and a non-zero exit) unless ``--debug`` is given."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.ClickException, click.Abort):
+            raise
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+        except Exception as exc:
+            if ctx.obj and ctx.obj.get("debug"):
+                raise
+            click.echo(click.style("error: ", fg="red", bold=True)
+                       + f"{type(exc).__name__}: {exc}", err=True)
+            click.echo("(run again with --debug for the traceback)", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Group)
+@click.option("--debug", is_flag=True, help="show full tracebacks")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """Michelangelo: uniflow workflows on Ray, from a laptop to KubeRay."""
+    ctx.obj = {"debug": debug}
+
+
+@cli.command()
+@click.argument("target")
+@click.option("--arg", "args", multiple=True, metavar="KEY=VALUE",
+              help="workflow argument (JSON values are parsed); repeatable")
+@click.option("--resume", default=None, metavar="RUN_ID",
+              help="reuse the succeeded tasks of an earlier run")
+@click.option("--storage-url", default=None, help="overrides $UF_STORAGE_URL")
+def run(target: str, args: tuple[str, ...], resume: str | None, storage_url: str | None) -> None:
+    """Run FILE:WORKFLOW locally."""
+    from michelangelo.uniflow.core import Context
+
+    workflow = load_target(target)
+    kwargs = parse_args(args)
+    context = Context("local-run", resume=resume, storage_url=storage_url)
+    value = context.run(workflow, **kwargs)
+    click.echo(f"run id: {context.last_run_id}")
+    click.echo(f"result: {value!r}")
+
+
+cli.add_command(runs)
+
+
+def main() -> None:
+    # SIGTERM unwinds like Ctrl-C so that clusters are removed on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    cli()
