@@ -134,7 +134,7 @@ class TorchIO(ValueIO):
         torch.save(value, buffer)
         data = buffer.getvalue()
         storage.write_bytes(posixpath.join(folder, "value.pt"), data)
-        return {"fingerprint": _sha(data), "summary": _torch_summary(value)}
+        return {"fingerprint": self.fingerprint(value), "summary": _torch_summary(value)}
 
     def read(self, storage: Storage, folder: str, meta: dict) -> Any:
         import io

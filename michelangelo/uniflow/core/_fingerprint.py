@@ -6,7 +6,8 @@ import hashlib
 import inspect
 import json
 import marshal
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from michelangelo.uniflow.core._io import io_for
 

@@ -29,7 +29,7 @@ from michelangelo.uniflow.core._records import (
 from michelangelo.uniflow.core._runtime import CallInfo, reset_current_call, set_current_call
 from michelangelo.uniflow.core._storage import Storage
 from michelangelo.uniflow.core._timeout import time_limit
-from michelangelo.uniflow.core.errors import RunNotFoundError, UserError
+from michelangelo.uniflow.core.errors import RunNotFoundError
 
 if TYPE_CHECKING:
     from michelangelo.uniflow.core._task import Task

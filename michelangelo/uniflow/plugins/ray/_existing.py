@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from michelangelo.uniflow.plugins.ray._capacity import CapacityError, ClusterShape, _describe_request
+from michelangelo.uniflow.plugins.ray._capacity import (
+    CapacityError,
+    ClusterShape,
+    _describe_request,
+)
 from michelangelo.uniflow.plugins.ray._cluster import ClusterState, RayCluster
 from michelangelo.uniflow.plugins.ray._config import RayTask
 

@@ -9,13 +9,15 @@ Ray Train dispatch waits for them (bounded) through :meth:`wait_for_nodes`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
-import shutil
 import sys
 import tempfile
+import threading
 import time
 
 from michelangelo.uniflow.core.errors import ClusterError
@@ -65,6 +67,9 @@ class LocalRayCluster(RayCluster):
         self.log_dir = log_dir
         self.state = ClusterState.PENDING
         self._procs: list[subprocess.Popen] = []
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._joiner: threading.Thread | None = None
         self._logs: list[str] = []
         self._env = dict(os.environ)
         # `ray start` turns token auth on in Ray 2.60, while this driver, as a client, follows
@@ -112,19 +117,41 @@ class LocalRayCluster(RayCluster):
                 logging_level="WARNING",
             )
             self.dashboard_url = f"http://127.0.0.1:{dashboard_port}"
-            for index in range(self.task.worker_instances):
-                worker = [
-                    f"--address={self.address}",
-                            f"--dashboard-agent-listen-port={free_port()}",
-                    f"--metrics-export-port={free_port()}",
-                    *node_arguments(self.task, "worker"),
-                ]
-                self._spawn(f"worker-{index}", worker)
+            self._joiner = threading.Thread(target=self._start_workers, daemon=True,
+                                            name="uniflow-ray-workers")
+            self._joiner.start()
         except BaseException:
             self.state = ClusterState.FAILED
             self.shutdown()
             raise
         self.state = ClusterState.READY
+
+    def _start_workers(self) -> None:
+        """Start worker nodes one after another, in the background.
+
+        Nodes that start at the same moment on one host pick the same socket file names
+        (Ray numbers them by looking at what exists), so each waits for the previous one's
+        sockets to appear; the task body does not wait for any of this.
+        """
+        sockets = os.path.join(self._temp_dir, "session_latest", "sockets")
+        for index in range(self.task.worker_instances):
+            if self._stopping.is_set():
+                return
+            before = _count_sockets(sockets)
+            with self._lock:
+                if self._stopping.is_set():
+                    return
+                self._spawn(f"worker-{index}", [
+                    f"--address={self.address}",
+                    f"--dashboard-agent-listen-port={free_port()}",
+                    f"--metrics-export-port={free_port()}",
+                    *node_arguments(self.task, "worker"),
+                ])
+            proc = self._procs[-1]
+            deadline = time.monotonic() + 60
+            while (_count_sockets(sockets) <= before and proc.poll() is None
+                   and time.monotonic() < deadline and not self._stopping.is_set()):
+                time.sleep(0.1)
 
     def _spawn(self, name: str, args: list[str]) -> None:
         log = os.path.join(self.log_dir, f"{name}.log")
@@ -185,10 +212,16 @@ class LocalRayCluster(RayCluster):
             time.sleep(0.2)
 
     def shutdown(self) -> None:
-        import ray
 
         if self.state == ClusterState.DELETED:
             return
+        self._stopping.set()
+        with self._lock:  # no node may start while we stop the others
+            self._stop_processes()
+
+    def _stop_processes(self) -> None:
+        import ray
+
         if ray.is_initialized():
             ray.shutdown()
         # Workers first, then the head; SIGTERM lets `ray start --block` drain and exit.
@@ -201,8 +234,9 @@ class LocalRayCluster(RayCluster):
             except subprocess.TimeoutExpired:
                 _signal_group(proc, signal.SIGKILL)
                 proc.wait(timeout=10)
-        for proc in self._procs:  # leftovers of a node's process group (workers, agents)
-            _signal_group(proc, signal.SIGKILL)
+        # Leftovers: Ray worker processes put themselves in their own process groups but stay
+        # in the node's session, so end everything in each node's session.
+        _kill_sessions({proc.pid for proc in self._procs})
         self._procs.clear()
         if getattr(self, "_temp_dir", None):
             shutil.rmtree(self._temp_dir, ignore_errors=True)
@@ -210,10 +244,30 @@ class LocalRayCluster(RayCluster):
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+
+
+def _kill_sessions(sessions: set[int]) -> None:
+    import psutil
+
+    for _ in range(3):
+        left = []
+        for proc in psutil.process_iter():
+            with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
+                if os.getsid(proc.pid) in sessions and proc.pid != os.getpid():
+                    proc.kill()
+                    left.append(proc)
+        if not left:
+            return
+        psutil.wait_procs(left, timeout=5)
+
+
+def _count_sockets(folder: str) -> int:
+    try:
+        return sum(1 for name in os.listdir(folder) if name.startswith("plasma_store"))
+    except OSError:
+        return 0
 
 
 def _head_started(log: str) -> bool:

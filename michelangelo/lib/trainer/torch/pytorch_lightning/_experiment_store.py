@@ -17,6 +17,7 @@ import posixpath
 import re
 import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
@@ -230,7 +231,7 @@ def latest_checkpoint_dir(experiment_dir: str) -> str | None:
         return None
 
 
-def _ordering(candidates: list[tuple[str, str, float]]):
+def _ordering(candidates: list[tuple[str, str, float]]) -> Callable[[tuple[str, str, float]], Any]:
     names = [name for name, _, _ in candidates]
     if all(_V2_NAME.match(n) for n in names):
         return lambda c: datetime.strptime(_V2_NAME.match(c[0]).group(1), "%Y-%m-%d_%H-%M-%S.%f")

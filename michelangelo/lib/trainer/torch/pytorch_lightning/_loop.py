@@ -186,7 +186,6 @@ def _resume_checkpoint(spec: WorkerSpec) -> Iterator[str | None]:
 @contextlib.contextmanager
 def _local_copy(url: str) -> Iterator[str]:
     import fsspec
-
     from fsspec.implementations.local import LocalFileSystem
 
     fs, path = fsspec.core.url_to_fs(url)

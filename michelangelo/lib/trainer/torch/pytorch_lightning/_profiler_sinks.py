@@ -79,11 +79,7 @@ def share_logger_identity(trainer: Any) -> None:
         return
     identity: LoggerIdentity | None = None
     if trainer.global_rank == 0:
-        try:
-            identity = _identity_on_rank_zero(trainer)
-        except Exception as error:  # noqa: BLE001 - rank 0 must still join the broadcast
-            logger.warning("Could not read the tracker run identity on rank 0 (%s: %s); only "
-                           "rank 0 will export profiler output.", type(error).__name__, error)
+        identity = _identity_on_rank_zero(trainer)
     try:
         if trainer.world_size > 1:
             identity = trainer.strategy.broadcast(identity, src=0)
@@ -216,16 +212,24 @@ def _log_assets(experiment: Any, profiler_dir: str, files: list[str], prefix: st
 
 
 def _identity_on_rank_zero(trainer: Any) -> LoggerIdentity:
-    mlflow_identity = comet_identity = None
-    mlflow_logger = _find_logger(trainer, "mlflow")
-    if mlflow_logger is not None:
-        client = mlflow_logger.experiment
-        mlflow_identity = MlflowRunIdentity(run_id=mlflow_logger.run_id,
-                                            tracking_uri=_absolute_uri(client.tracking_uri))
-    comet_logger = _find_logger(trainer, "comet")
-    if comet_logger is not None:
-        comet_identity = _comet_identity(comet_logger)
-    return LoggerIdentity(mlflow=mlflow_identity, comet=comet_identity)
+    # Each tracker is read on its own, so a broken Comet setup does not cost the MLflow export.
+    found: dict[str, Any] = {}
+    for kind, read in (("mlflow", _mlflow_identity), ("comet", _comet_identity)):
+        tracker_logger = _find_logger(trainer, kind)
+        if tracker_logger is None:
+            continue
+        try:
+            found[kind] = read(tracker_logger)
+        except Exception as error:  # noqa: BLE001 - rank 0 must still join the broadcast
+            logger.warning("Could not read the %s run identity on rank 0 (%s: %s); only rank 0 "
+                           "will export profiler output there.", kind, type(error).__name__, error)
+    return LoggerIdentity(**found)
+
+
+def _mlflow_identity(mlflow_logger: Any) -> MlflowRunIdentity:
+    client = mlflow_logger.experiment
+    return MlflowRunIdentity(run_id=mlflow_logger.run_id,
+                             tracking_uri=_absolute_uri(client.tracking_uri))
 
 
 def _comet_identity(comet_logger: Any) -> CometExperimentIdentity | None:

@@ -18,10 +18,10 @@ from __future__ import annotations
 import os
 
 import torch
+from _models import ship_by_value
 from lightning_fabric.utilities.seed import reset_seed
 from pytorch_lightning.strategies.ddp import DDPStrategy
 from ray.train.lightning import RayDeepSpeedStrategy
-from _models import ship_by_value
 from typing_extensions import override
 
 # pytest imports this file under a name Ray workers cannot import; send the class by value.

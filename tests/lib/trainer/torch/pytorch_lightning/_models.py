@@ -165,13 +165,16 @@ class ProbeRegressor(TinyRegressor):
 
     def __init__(self, record_dir: str, hidden_dim: int = 8, lr: float = 1e-2,
                  warmup_steps: int = 0, floor: float = 0.1, exit_at_step: int | None = None,
-                 exit_marker: str | None = None) -> None:
+                 exit_marker: str | None = None, step_sleep: float = 0.0,
+                 tag: str = "") -> None:
         super().__init__(hidden_dim=hidden_dim, lr=lr)
         self.record_dir = record_dir
         self.warmup_steps = warmup_steps
         self.floor = floor
         self.exit_at_step = exit_at_step
         self.exit_marker = exit_marker
+        self.step_sleep = step_sleep
+        self.tag = tag
 
     def _write(self, event: str, extra: dict[str, Any]) -> None:
         import json
@@ -221,9 +224,13 @@ class ProbeRegressor(TinyRegressor):
         import os
 
         loss = super().training_step(batch, batch_idx)
+        if self.step_sleep:  # stretches a run so a test can interrupt it in the middle
+            import time
+
+            time.sleep(self.step_sleep)
         if self.global_rank == 0:  # the loss curve, one line per optimizer step
             with open(os.path.join(self.record_dir, "losses.jsonl"), "a") as handle:
-                handle.write(json.dumps({"step": self.trainer.global_step,
+                handle.write(json.dumps({"tag": self.tag, "step": self.trainer.global_step,
                                          "loss": float(loss)}) + "\n")
         return loss
 

@@ -139,6 +139,20 @@ def test_track_overwrites_the_previous_directory(tmp_path):
     assert store.locate_resumable("/runs", "r") == str(new)
 
 
+def test_concurrent_tracks_leave_one_whole_record(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    store = FsspecExperimentStore(str(tmp_path / "store"))
+    dirs = [str(tmp_path / f"exp{i}") for i in range(8)]
+    for directory in dirs:
+        _make_checkpoint(directory, "checkpoint_000000")
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for _ in range(5):
+            list(pool.map(lambda d: store.track("/runs", "r", d), dirs))
+    assert store.locate_resumable("/runs", "r") in dirs
+    assert len(list((tmp_path / "store").iterdir())) == 1  # no temp file left behind
+
+
 def test_missing_directory_is_not_resumable(tmp_path):
     store = FsspecExperimentStore(str(tmp_path / "store"))
     store.track("/runs", "r", str(tmp_path / "was-deleted"))

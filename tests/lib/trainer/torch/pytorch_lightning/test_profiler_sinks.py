@@ -356,3 +356,40 @@ def test_both_nodes_profiles_land_in_the_comet_experiment(two_node_run):
         f"profiler/node-{r['node_rank']}/{name}" for r in ranks.values() for name in r["profiles"]
     )
     assert assets[key] == expected
+
+
+def test_lightning_trainer_ships_both_nodes_profiles(two_node_run, tmp_path):
+    """The same guarantee through LightningTrainer, which calls the sinks the way the loop above does."""
+    from _models import create_tiny_model, make_regression_datasets
+    from mlflow.tracking import MlflowClient
+    from ray.train import RunConfig, ScalingConfig
+
+    from michelangelo.lib.trainer.torch.pytorch_lightning import (
+        LightningTrainer,
+        LightningTrainerParam,
+    )
+
+    uri = f"file:{tmp_path / 'mlruns'}"
+    train, val = make_regression_datasets(64)
+    LightningTrainer(
+        trainer_param=LightningTrainerParam(
+            create_model_fn=create_tiny_model,
+            create_model_fn_kwargs={},
+            train_data=train,
+            val_data=val,
+            lightning_trainer_kwargs={
+                "logger": MLFlowLogger(experiment_name="through-trainer", tracking_uri=uri),
+                "profiler": "simple",
+            },
+            profiler_sink=mlflow_profiler_sink,
+        ),
+        run_config=RunConfig(name="through-trainer", storage_path=str(tmp_path / "runs")),
+        scaling_config=ScalingConfig(num_workers=2,
+                                     resources_per_worker={"CPU": 1, "profnode": 1}),
+    ).train()
+
+    client = MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("through-trainer").experiment_id])
+    files = _artifact_files(client, run.info.run_id, "profiler")
+    assert {path.split("/")[1] for path in files} == {"node-0", "node-1"}
+    assert all(path.endswith(".txt") for path in files)

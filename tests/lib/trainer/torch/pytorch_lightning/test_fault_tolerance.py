@@ -1,0 +1,149 @@
+"""Failures: a worker dying mid-epoch is retried; a killed driver's run resumes on rerun."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import ray
+from _models import (
+    create_probe_model,
+    make_regression_datasets,
+    read_records,
+    ship_by_value,
+    start_test_ray,
+)
+from ray.train import FailureConfig, RunConfig, ScalingConfig
+
+from michelangelo.lib.trainer.torch.pytorch_lightning import (
+    LightningTrainer,
+    LightningTrainerParam,
+)
+
+ship_by_value(__name__)
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.abspath(os.path.join(HERE, *[".."] * 5))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster():
+    start_test_ray()
+    yield
+    ray.shutdown()
+
+
+def _train(tmp_path, name, records, max_failures=0, **model_kwargs):
+    train, val = make_regression_datasets(64, 16)
+    return LightningTrainer(
+        trainer_param=LightningTrainerParam(
+            create_model_fn=create_probe_model,
+            create_model_fn_kwargs={"record_dir": str(records), **model_kwargs},
+            train_data=train, val_data=val,
+            lightning_trainer_kwargs={"max_epochs": 2}),
+        run_config=RunConfig(name=name, storage_path=str(tmp_path / "ray"),
+                             failure_config=FailureConfig(max_failures=max_failures)),
+        scaling_config=ScalingConfig(num_workers=2),
+    ).train()
+
+
+def test_worker_killed_mid_epoch_is_retried_to_the_same_final_step(tmp_path):
+    clean, faulted = tmp_path / "clean", tmp_path / "faulted"
+    clean.mkdir()
+    faulted.mkdir()
+    baseline = _train(tmp_path, "clean", clean)
+    marker = tmp_path / "died-once"
+    # Step 5 is inside epoch 2, after the epoch-1 checkpoint (step 4) was reported.
+    result = _train(tmp_path, "faulted", faulted, max_failures=1, exit_at_step=5,
+                    exit_marker=str(marker))
+    assert marker.exists()  # the worker really died once
+    assert result["metrics"]["step"] == baseline["metrics"]["step"] == 8
+    ends = read_records(str(faulted), "train_end")
+    assert [e["global_step"] for e in ends] == [8, 8]
+    # The retry started from the reported checkpoint, not from scratch.
+    starts = read_records(str(faulted), "train_start")
+    assert [(s["global_step"], s["epoch"]) for s in starts] == [(4, 1), (4, 1)]
+
+
+DRIVER = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, {here!r})
+    import ray
+    from _models import create_probe_model, make_regression_datasets, ship_by_value
+    from ray.train import RunConfig, ScalingConfig
+    from michelangelo.lib.trainer.torch.pytorch_lightning import (
+        LightningTrainer, LightningTrainerParam)
+
+    ray.init(address={address!r}, log_to_driver=False)
+    train, val = make_regression_datasets(64, 16)
+    result = LightningTrainer(
+        trainer_param=LightningTrainerParam(
+            create_model_fn=create_probe_model,
+            create_model_fn_kwargs={{"record_dir": {records!r}, "lr": 5e-2,
+                                    "step_sleep": {sleep!r}, "tag": sys.argv[1]}},
+            train_data=train, val_data=val,
+            lightning_trainer_kwargs={{"max_epochs": 4}}),
+        run_config=RunConfig(name="killed", storage_path={storage!r}),
+        scaling_config=ScalingConfig(num_workers=2),
+    ).train()
+    print("FINAL_STEP", result["metrics"]["step"])
+    """
+)
+
+
+def _losses(records, tag):
+    with open(os.path.join(records, "losses.jsonl")) as handle:
+        rows = [json.loads(line) for line in handle]
+    return [r for r in rows if r["tag"] == tag]
+
+
+def _checkpoints(storage):
+    folder = os.path.join(storage, "killed")
+    if not os.path.isdir(folder):
+        return []
+    return [d for d in os.listdir(folder) if d.startswith("checkpoint_")]
+
+
+def test_sigkilled_driver_resumes_loss_curve_and_step(tmp_path):
+    records, storage = tmp_path / "rec", tmp_path / "ray"
+    records.mkdir()
+    address = ray.get_runtime_context().gcs_address
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER.format(here=HERE, address=address, records=str(records),
+                                    storage=str(storage), sleep=0.4))
+    env = {**os.environ, "PYTHONPATH": REPO}
+    first = subprocess.Popen([sys.executable, str(script), "first"], cwd=REPO, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        while not _checkpoints(str(storage)) and first.poll() is None:
+            assert time.monotonic() < deadline, "no checkpoint was reported in time"
+            time.sleep(0.1)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    assert first.returncode == -signal.SIGKILL
+    assert not read_records(str(records), "train_end")  # it really was cut short
+    killed = _losses(str(records), "first")
+    time.sleep(2)  # let Ray reap the dead driver's actors
+
+    second = subprocess.run([sys.executable, str(script), "second"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=400)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "FINAL_STEP 16" in second.stdout
+    starts = read_records(str(records), "train_start")
+    resumed_step = starts[0]["global_step"]
+    assert resumed_step >= 4 and resumed_step % 4 == 0
+    assert all(s["global_step"] == resumed_step for s in starts)
+    resumed = _losses(str(records), "second")
+    # The curve continues: steps pick up after the checkpoint, and the loss is not back at
+    # its untrained value.
+    assert resumed[0]["step"] == resumed_step
+    assert [r["step"] for r in resumed] == list(range(resumed_step, 16))
+    assert resumed[0]["loss"] < killed[0]["loss"]
