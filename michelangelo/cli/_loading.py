@@ -28,6 +28,10 @@ def load_target(target: str) -> Any:
     sys.modules[module_name] = module
     sys.path.insert(0, os.path.dirname(path))
     spec.loader.exec_module(module)
+    # Ray workers cannot import a module loaded from a file path: send its code by value.
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(module)
     if not hasattr(module, name):
         found = sorted(n for n, v in vars(module).items() if hasattr(v, "fn") and callable(v))
         raise UserError(f"{path} has no {name!r}; workflows and tasks there: {found or 'none'}")

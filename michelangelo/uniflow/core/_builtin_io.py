@@ -156,11 +156,75 @@ class TorchIO(ValueIO):
         return digest.hexdigest()
 
 
+class ContainerIO(ValueIO):
+    """Tuples, lists and str-keyed dicts of other values: each item keeps its own IO.
+
+    This is what lets a task return ``(train_dv, val_dv)`` and have both datasets stored
+    as Parquet and handed on as handles.
+    """
+
+    name = "container"
+
+    def accepts(self, value: Any) -> bool:
+        if isinstance(value, dict):
+            return all(isinstance(k, str) for k in value)
+        return isinstance(value, (tuple, list))
+
+    def _items(self, value: Any) -> list[tuple[str, Any]]:
+        if isinstance(value, dict):
+            return list(value.items())
+        return [(str(i), v) for i, v in enumerate(value)]
+
+    def write(self, value: Any, storage: Storage, folder: str) -> dict:
+        from michelangelo.uniflow.core._io import io_for
+
+        items = []
+        for index, (key, item) in enumerate(self._items(value)):
+            io = io_for(item)
+            sub = posixpath.join(folder, str(index))
+            storage.makedirs(sub)
+            items.append({"key": key, "io": io.name, "meta": io.write(item, storage, sub)})
+        fps = [i["meta"].get("fingerprint") for i in items]
+        return {
+            "kind": type(value).__name__ if isinstance(value, (tuple, list)) else "dict",
+            "items": items,
+            "fingerprint": None if None in fps else _sha(json.dumps(fps).encode()),
+            "summary": f"{type(value).__name__} of {len(items)}",
+        }
+
+    def _each(self, storage: Storage, folder: str, meta: dict, method: str) -> Any:
+        from michelangelo.uniflow.core._io import io_named
+
+        values = []
+        for index, item in enumerate(meta["items"]):
+            io = io_named(item["io"])
+            sub = posixpath.join(folder, str(index))
+            loaded = io.read(storage, sub, item["meta"])
+            if method == "travelling":
+                loaded = io.travelling(loaded, storage, sub, item["meta"])
+            values.append((item["key"], loaded))
+        if meta["kind"] == "dict":
+            return dict(values)
+        out = [v for _, v in values]
+        return tuple(out) if meta["kind"] == "tuple" else out
+
+    def read(self, storage: Storage, folder: str, meta: dict) -> Any:
+        return self._each(storage, folder, meta, "read")
+
+    def travelling(self, value: Any, storage: Storage, folder: str, meta: dict) -> Any:
+        return self._each(storage, folder, meta, "travelling")
+
+    def fingerprint(self, value: Any) -> str | None:
+        from michelangelo.uniflow.core._fingerprint import value_fingerprint
+
+        return value_fingerprint(value)
+
+
 def _torch_summary(value: Any) -> str:
     if isinstance(value, dict):
         return f"{len(value)} tensors"
     return f"Tensor{tuple(value.shape)} {value.dtype}"
 
 
-for _io in (PickleIO(), TorchIO(), PandasIO(), JsonIO()):
+for _io in (PickleIO(), ContainerIO(), TorchIO(), PandasIO(), JsonIO()):
     register_io(_io)

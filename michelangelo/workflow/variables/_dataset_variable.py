@@ -105,10 +105,12 @@ class DatasetVariable:
 
     def uniflow_resolve(self, annotation: Any) -> Any:
         """Give a task the form its parameter annotation asks for."""
-        name = getattr(annotation, "__module__", "") + "." + getattr(annotation, "__name__", "")
-        if name.endswith("Dataset") and name.startswith("ray.data"):
+        if not isinstance(annotation, type):
+            return self
+        module = annotation.__module__
+        if module.startswith("ray.data") and annotation.__name__.endswith("Dataset"):
             return self.load_ray_dataset()
-        if name == "pandas.core.frame.DataFrame":
+        if module.startswith("pandas") and annotation.__name__ == "DataFrame":
             return self.load_pandas_dataframe()
         return self
 
@@ -130,28 +132,38 @@ class DatasetVariable:
 
 
 def _is_supported(value: Any) -> bool:
-    kind = f"{type(value).__module__}.{type(value).__name__}"
-    return (
-        kind.startswith("ray.data") and type(value).__name__ in ("Dataset", "MaterializedDataset")
-    ) or kind == "pandas.core.frame.DataFrame" or kind == "pyarrow.lib.Table"
+    return _kind(value) is not None
+
+
+def _kind(value: Any) -> str | None:
+    """``"ray"``, ``"pandas"`` or ``"arrow"`` for the dataset types we store, else None."""
+    import sys
+
+    data = sys.modules.get("ray.data")
+    if data is not None and isinstance(value, data.Dataset):
+        return "ray"
+    pd = sys.modules.get("pandas")
+    if pd is not None and isinstance(value, pd.DataFrame):
+        return "pandas"
+    pa = sys.modules.get("pyarrow")
+    if pa is not None and isinstance(value, pa.Table):
+        return "arrow"
+    return None
 
 
 def _to_ray(value: Any) -> Any:
     import ray.data
 
-    kind = type(value).__module__
-    if kind.startswith("pandas"):
+    kind = _kind(value)
+    if kind == "pandas":
         return ray.data.from_pandas(value)
-    if kind.startswith("pyarrow"):
+    if kind == "arrow":
         return ray.data.from_arrow(value)
     return value
 
 
 def _to_pandas(value: Any) -> Any:
-    kind = type(value).__module__
-    if kind.startswith("pyarrow"):
-        return value.to_pandas()
-    if kind.startswith("ray"):
+    if _kind(value) in ("arrow", "ray"):
         return value.to_pandas()
     return value
 

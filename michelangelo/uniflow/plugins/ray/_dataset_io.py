@@ -18,14 +18,12 @@ class DatasetIO(ValueIO):
     name = "dataset"
 
     def accepts(self, value: Any) -> bool:
-        from michelangelo.workflow.variables._dataset_variable import DatasetVariable, _is_supported
+        from michelangelo.workflow.variables._dataset_variable import DatasetVariable, _kind
 
-        if isinstance(value, DatasetVariable):
-            return True
-        return _is_supported(value) and type(value).__module__.startswith("ray.data")
+        return isinstance(value, DatasetVariable) or _kind(value) == "ray"
 
     def write(self, value: Any, storage: Storage, folder: str) -> dict:
-        from michelangelo.workflow.variables._dataset_variable import DatasetVariable
+        from michelangelo.workflow.variables._dataset_variable import DatasetVariable, _kind
 
         if isinstance(value, DatasetVariable) and value.is_stored and value.value is None:
             # Already stored (e.g. passed through unchanged): record a reference, copy nothing.
@@ -35,14 +33,14 @@ class DatasetIO(ValueIO):
         data = value.value if isinstance(value, DatasetVariable) else value
         target = posixpath.join(folder, "data")
         storage.makedirs(target)
-        kind = type(data).__module__
-        if kind.startswith("ray"):
+        kind = _kind(data)
+        if kind == "ray":
             data.write_parquet(storage.url_of(target))
         else:
             import pyarrow as pa
             import pyarrow.parquet as pq
 
-            table = data if kind.startswith("pyarrow") else pa.Table.from_pandas(data)
+            table = data if kind == "arrow" else pa.Table.from_pandas(data, preserve_index=False)
             with storage.fs.open(posixpath.join(target, "part-00000.parquet"), "wb") as handle:
                 pq.write_table(table, handle)
         schema, rows, fingerprint = _describe(storage, target)

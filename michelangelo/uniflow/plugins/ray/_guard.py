@@ -11,6 +11,7 @@ import contextlib
 import contextvars
 import functools
 import os
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +19,7 @@ from michelangelo.uniflow.plugins.ray._capacity import (
     check_fits,
     current_shape,
     wait_until_free,
+    worker_request,
 )
 from michelangelo.uniflow.plugins.ray._cluster import RayCluster
 
@@ -44,16 +46,32 @@ def active_cluster(cluster: RayCluster) -> Iterator[None]:
         _CLUSTER.reset(token)
 
 
-def before_dispatch(scaling_config: Any) -> None:
+def before_dispatch(scaling_config: Any, datasets: Any = None) -> None:
     """Check a ScalingConfig against the active RayTask and wait for its resources."""
     shape = current_shape(live_fallback=False)
     if shape is None:
         return
     check_fits(scaling_config, shape)
+    if datasets:
+        warn_if_data_starves(scaling_config, shape)
     cluster = _CLUSTER.get()
     if cluster is not None:
         cluster.wait_for_nodes(node_wait_s())
     wait_until_free(scaling_config, timeout_s=resource_wait_s())
+
+
+def warn_if_data_starves(scaling_config: Any, shape: Any) -> None:
+    """Warn when the Train workers leave no CPU for Ray Data to read and feed datasets."""
+    workers, request = worker_request(scaling_config)
+    left = shape.total().get("CPU", 0.0) - workers * request.get("CPU", 0.0)
+    if left < 1:
+        warnings.warn(
+            f"{workers} Ray Train worker(s) x {request.get('CPU', 0):g} CPU take every CPU of "
+            f"{shape.describe()}, leaving none for Ray Data to read and feed the datasets: "
+            "training would stall at the first batch. Declare more CPU per node in the "
+            "RayTask or lower resources_per_worker['CPU'].",
+            stacklevel=4,
+        )
 
 
 def install() -> None:
@@ -67,7 +85,7 @@ def install() -> None:
 
     @functools.wraps(original)
     def fit(self, *args: Any, **kwargs: Any):
-        before_dispatch(self.scaling_config)
+        before_dispatch(self.scaling_config, getattr(self, "datasets", None))
         return original(self, *args, **kwargs)
 
     fit.__michelangelo_guard__ = True  # type: ignore[attr-defined]

@@ -76,7 +76,6 @@ class LocalRayCluster(RayCluster):
         # its own RAY_AUTH_MODE (read when ray is imported; "disabled" unless set). The nodes
         # follow the driver so that it can connect: set RAY_AUTH_MODE=token to have both on.
         self._env["RAY_AUTH_MODE"] = os.environ.get("RAY_AUTH_MODE", "disabled")
-        self._env.pop("RAY_ADDRESS", None)
 
     def start(self) -> None:
         import ray
@@ -104,11 +103,15 @@ class LocalRayCluster(RayCluster):
             f"--metrics-export-port={free_port()}",
             *node_arguments(self.task, "head"),
         ]
+        from ray._private.services import get_node_ip_address
+
+        self.address = f"{get_node_ip_address()}:{port}"
+        # Processes inside the cluster (e.g. Ray Train's placement-group cleaner) call
+        # ray.init() without an address; with several Ray instances on one host they must be
+        # told which one is theirs.
+        self._env["RAY_ADDRESS"] = self.address
         try:
             self._spawn("head", head)
-            from ray._private.services import get_node_ip_address
-
-            self.address = f"{get_node_ip_address()}:{port}"
             self._wait_for_head(port)
             ray.init(
                 address=self.address,

@@ -203,12 +203,14 @@ def expected_formats(strategy: Any) -> frozenset[CheckpointFormat] | None:
             "fsdp2": {CheckpointFormat.FSDP2_DCP},
             "deepspeed": {CheckpointFormat.DEEPSPEED_ZERO},
         }
-        if strategy not in by_name:
+        # The trainer accepts names in any case; so must the loader.
+        name = strategy.lower() if isinstance(strategy, str) else strategy
+        if name not in by_name:
             raise ValueError(
                 f"lightning_trainer_kwargs['strategy']={strategy!r} is not a strategy the trainer "
                 "knows. Use None, 'ddp', 'fsdp', 'fsdp2', 'deepspeed' or a Strategy instance."
             )
-        return frozenset(by_name[strategy])
+        return frozenset(by_name[name])
 
     import pytorch_lightning as pl
 

@@ -165,7 +165,8 @@ class ProbeRegressor(TinyRegressor):
 
     def __init__(self, record_dir: str, hidden_dim: int = 8, lr: float = 1e-2,
                  warmup_steps: int = 0, floor: float = 0.1, exit_at_step: int | None = None,
-                 exit_marker: str | None = None, step_sleep: float = 0.0,
+                 exit_marker: str | None = None, exit_wait_for: str | None = None,
+                 step_sleep: float = 0.0,
                  tag: str = "") -> None:
         super().__init__(hidden_dim=hidden_dim, lr=lr)
         self.record_dir = record_dir
@@ -173,6 +174,7 @@ class ProbeRegressor(TinyRegressor):
         self.floor = floor
         self.exit_at_step = exit_at_step
         self.exit_marker = exit_marker
+        self.exit_wait_for = exit_wait_for
         self.step_sleep = step_sleep
         self.tag = tag
 
@@ -210,6 +212,14 @@ class ProbeRegressor(TinyRegressor):
                 and self.global_rank == self.trainer.world_size - 1
                 and self.exit_marker and not os.path.exists(self.exit_marker)):
             open(self.exit_marker, "w").close()
+            if self.exit_wait_for:
+                # Die only once Ray's controller has registered the last checkpoint (its
+                # snapshot file exists), so the retry has something to start from.
+                import time
+
+                deadline = time.monotonic() + 120
+                while not os.path.exists(self.exit_wait_for) and time.monotonic() < deadline:
+                    time.sleep(0.2)
             os._exit(1)
 
     def on_train_end(self) -> None:

@@ -59,8 +59,9 @@ def test_worker_killed_mid_epoch_is_retried_to_the_same_final_step(tmp_path):
     baseline = _train(tmp_path, "clean", clean)
     marker = tmp_path / "died-once"
     # Step 5 is inside epoch 2, after the epoch-1 checkpoint (step 4) was reported.
+    snapshot = tmp_path / "ray" / "faulted" / "checkpoint_manager_snapshot.json"
     result = _train(tmp_path, "faulted", faulted, max_failures=1, exit_at_step=5,
-                    exit_marker=str(marker))
+                    exit_marker=str(marker), exit_wait_for=str(snapshot))
     assert marker.exists()  # the worker really died once
     assert result["metrics"]["step"] == baseline["metrics"]["step"] == 8
     ends = read_records(str(faulted), "train_end")

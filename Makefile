@@ -1,0 +1,33 @@
+# Set-up and checks. Everything installs into .venv from PyPI, pinned by constraints.txt.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+EXTRAS := trainer,trainer-deepspeed,trainer-mlflow,trainer-comet,serving,sandbox,dev
+
+.PHONY: setup demo test bench lint clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch first, pinned: the CPU build this machine provides (an unpinned torch pulls CUDA).
+	$(BIN)/python -m pip install --quiet -c constraints.txt "torch==2.13.0"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[$(EXTRAS)]"
+	touch $(STAMP)
+
+demo: setup
+	$(BIN)/python examples/quickstart/workflow.py
+
+test: setup
+	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider
+
+bench: setup
+	bash bench/run_all.sh
+
+lint: setup
+	$(BIN)/ruff check michelangelo tests bench examples
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Run the foundation benchmarks in sequence with the project's virtual environment.
+# Results: bench/results/<name>.json (git-ignored). Times are noisy on a shared machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-.venv/bin/python}"
+status=0
+for name in dispatch dataset cluster_start; do
+    echo "=== bench_${name}.py ==="
+    "$PY" "bench/bench_${name}.py" || { echo "bench_${name}.py failed" >&2; status=1; }
+done
+exit "$status"

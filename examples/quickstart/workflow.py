@@ -1,0 +1,135 @@
+"""Quickstart: prepare data on a Ray cluster, train with LightningTrainer, evaluate.
+
+Run it with ``python examples/quickstart/workflow.py`` (or ``make demo``), or through the
+CLI: ``michelangelo run examples/quickstart/workflow.py:quickstart --arg n_rows=4000``.
+Everything here runs on a laptop: uniflow starts a local Ray cluster shaped like each
+RayTask and removes it when the run ends.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytorch_lightning as pl
+import ray
+import ray.data
+import torch
+from ray.train import CheckpointConfig, ScalingConfig
+from torch import nn
+
+import michelangelo.uniflow.core as uniflow
+from michelangelo.lib.trainer.torch.pytorch_lightning import (
+    LightningTrainer,
+    LightningTrainerParam,
+)
+from michelangelo.uniflow.plugins.ray import RayTask, create_run_config
+from michelangelo.workflow.variables import DatasetVariable
+
+FEATURES = 8
+CLUSTER = RayTask(head_cpu=1, head_memory="2Gi", worker_cpu=2, worker_memory="2Gi",
+                  worker_instances=2)
+
+
+class Regressor(pl.LightningModule):
+    """A small MLP for a noisy linear target."""
+
+    def __init__(self, hidden_dim: int, learning_rate: float) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.net = nn.Sequential(nn.Linear(FEATURES, hidden_dim), nn.ReLU(),
+                                 nn.Linear(hidden_dim, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x).squeeze(-1)
+
+    def _loss(self, batch) -> torch.Tensor:
+        return nn.functional.mse_loss(self(batch["x"].float()), batch["y"].float())
+
+    def training_step(self, batch, batch_idx):
+        loss = self._loss(batch)
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", self._loss(batch), sync_dist=True)
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=self.hparams.learning_rate)
+
+
+def create_model(hidden_dim: int, learning_rate: float) -> pl.LightningModule:
+    """Runs on every Ray Train worker."""
+    return Regressor(hidden_dim=hidden_dim, learning_rate=learning_rate)
+
+
+def _rows(batch: dict) -> dict:
+    rng = np.random.default_rng(int(batch["id"][0]))
+    x = rng.normal(size=(len(batch["id"]), FEATURES)).astype(np.float32)
+    weights = np.linspace(-1.0, 1.0, FEATURES, dtype=np.float32)
+    y = (x @ weights + 0.05 * rng.normal(size=len(x))).astype(np.float32)
+    return {"x": list(x), "y": y}
+
+
+@uniflow.task(config=CLUSTER)
+def prepare(n_rows: int) -> tuple[DatasetVariable, DatasetVariable]:
+    data = ray.data.range(n_rows).map_batches(_rows, batch_size=500)
+    train, val = data.train_test_split(test_size=0.2, seed=0)
+    return DatasetVariable.create(train), DatasetVariable.create(val)
+
+
+@uniflow.task(config=CLUSTER)
+def train(train_dv: DatasetVariable, val_dv: DatasetVariable, epochs: int) -> dict:
+    train_dv.load_ray_dataset()
+    val_dv.load_ray_dataset()
+    trainer = LightningTrainer(
+        trainer_param=LightningTrainerParam(
+            create_model_fn=create_model,
+            create_model_fn_kwargs={"hidden_dim": 32, "learning_rate": 1e-2},
+            train_data=train_dv.value,
+            val_data=val_dv.value,
+            batch_size=32,
+            lightning_trainer_kwargs={"max_epochs": epochs, "log_every_n_steps": 10},
+        ),
+        run_config=create_run_config(
+            checkpoint_config=CheckpointConfig(
+                num_to_keep=1,
+                checkpoint_score_attribute="val_loss",
+                checkpoint_score_order="min",
+            ),
+        ),
+        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
+    )
+    result = trainer.train()
+    return {"checkpoint_path": result["checkpoint_path"],
+            "val_loss": float(result["metrics"]["val_loss"])}
+
+
+@uniflow.task()
+def evaluate(trained: dict, val_dv: DatasetVariable) -> dict:
+    import os
+
+    frame = val_dv.load_pandas_dataframe()
+    ckpt = torch.load(os.path.join(trained["checkpoint_path"], "checkpoint.ckpt"),
+                      map_location="cpu", weights_only=False)
+    model = Regressor(**ckpt["hyper_parameters"])
+    model.load_state_dict(ckpt["state_dict"])
+    model.eval()
+    x = torch.tensor(np.stack(frame["x"].to_list()))
+    y = torch.tensor(frame["y"].to_numpy())
+    with torch.no_grad():
+        mse = float(nn.functional.mse_loss(model(x), y))
+    baseline = float(((y - y.mean()) ** 2).mean())
+    return {"val_mse": mse, "predict_mean_mse": baseline, "rows": len(frame)}
+
+
+@uniflow.workflow()
+def quickstart(n_rows: int = 4000, epochs: int = 3) -> dict:
+    train_dv, val_dv = prepare(n_rows)
+    trained = train(train_dv, val_dv, epochs)
+    return evaluate(trained, val_dv)
+
+
+if __name__ == "__main__":
+    report = uniflow.create_context().run(quickstart)
+    print(f"quickstart: {report}")
+    if not report["val_mse"] < report["predict_mean_mse"]:
+        raise SystemExit("the model did not learn: val MSE is not below the mean predictor's")

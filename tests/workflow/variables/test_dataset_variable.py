@@ -1,0 +1,90 @@
+"""DatasetVariable handles: Parquet storage, small pickles, fingerprints, clear errors."""
+
+import pickle
+
+import pandas as pd
+import pytest
+import ray
+
+import michelangelo.uniflow.core as uniflow
+from michelangelo.uniflow.core._console import Reporter
+from michelangelo.uniflow.core._storage import Storage
+from michelangelo.uniflow.plugins.ray._dataset_io import DatasetIO
+from michelangelo.workflow.variables import DatasetVariable
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray.init(address="local", num_cpus=2, include_dashboard=False,
+             object_store_memory=150 * 2**20, logging_level="WARNING")
+    yield
+    ray.shutdown()
+
+
+def _store(value, name="ds"):
+    storage = Storage()
+    folder = storage.join(name)
+    storage.makedirs(folder)
+    io = DatasetIO()
+    meta = io.write(value, storage, folder)
+    return io.travelling(value, storage, folder, meta), meta
+
+
+def test_create_rejects_other_types_naming_them():
+    with pytest.raises(TypeError, match="builtins.list"):
+        DatasetVariable.create([1, 2, 3])
+
+
+def test_pandas_round_trip_and_handle_is_small():
+    frame = pd.DataFrame({f"c{i}": range(20000) for i in range(10)}).astype("float64")
+    handle, meta = _store(DatasetVariable.create(frame))
+    assert handle.num_rows == 20000 and "c9: double" in handle.schema
+    assert len(pickle.dumps(handle)) < 2048
+    pd.testing.assert_frame_equal(handle.load_pandas_dataframe(), frame)
+    assert handle.value is not None
+    # Loaded data never rides along in the pickle.
+    assert len(pickle.dumps(handle)) < 2048
+
+
+def test_fingerprint_follows_content():
+    a, _ = _store(DatasetVariable.create(pd.DataFrame({"x": [1.0, 2.0]})), "a")
+    b, _ = _store(DatasetVariable.create(pd.DataFrame({"x": [1.0, 2.0]})), "b")
+    c, _ = _store(DatasetVariable.create(pd.DataFrame({"x": [1.0, 3.0]})), "c")
+    assert a.fingerprint == b.fingerprint != c.fingerprint
+
+
+def test_ray_dataset_round_trip(ray_session):
+    ds = ray.data.range(5000).map(lambda r: {"id": r["id"], "sq": r["id"] ** 2})
+    handle, _ = _store(ds)
+    assert isinstance(handle, DatasetVariable) and handle.num_rows == 5000
+    back = handle.load_ray_dataset()
+    assert back.count() == 5000
+    assert handle.value is back
+    assert int(handle.load_pandas_dataframe()["sq"].sum()) == sum(i * i for i in range(5000))
+
+
+def test_missing_files_fail_naming_the_path(tmp_path):
+    handle = DatasetVariable(path=str(tmp_path / "gone"), num_rows=1)
+    with pytest.raises(FileNotFoundError, match="gone"):
+        handle.load_pandas_dataframe()
+    with pytest.raises(FileNotFoundError, match="gone"):
+        handle.load_ray_dataset()
+
+
+def test_tasks_pass_handles_and_tuples_of_them(ray_session):
+    @uniflow.task()
+    def split() -> tuple:
+        frame = pd.DataFrame({"x": range(100)})
+        return DatasetVariable.create(frame[:80]), DatasetVariable.create(frame[80:])
+
+    @uniflow.task()
+    def sizes(train: DatasetVariable, val: pd.DataFrame) -> list:
+        return [train.num_rows, len(val)]
+
+    @uniflow.workflow()
+    def wf() -> list:
+        train, val = split()
+        assert isinstance(train, DatasetVariable) and train.is_stored
+        return sizes(train, val)
+
+    assert uniflow.Context(reporter=Reporter()).run(wf) == [80, 20]
