@@ -29,6 +29,7 @@ SHAPE = RayTask(head_cpu=1, head_memory="2Gi", worker_cpu=2, worker_memory="1Gi"
 def _node_of_worker(config):
     import ray.train
 
+    print(f"hello from train worker {ray.train.get_context().get_world_rank()}")
     ray.train.report({"node": ray.get_runtime_context().get_node_id()})
 
 
@@ -100,7 +101,10 @@ def cluster_run(tmp_path_factory):
     os.environ["UF_STORAGE_URL"] = str(tmp_path_factory.mktemp("uf"))
     ctx = uniflow.Context(reporter=Reporter())
     try:
-        yield ctx.run(cluster_workflow, 2000)
+        result = ctx.run(cluster_workflow, 2000)
+        result["run_id"] = ctx.last_run_id
+        result["storage"] = os.environ["UF_STORAGE_URL"]
+        yield result
     finally:
         os.environ.pop("UF_STORAGE_URL", None)
 
@@ -109,6 +113,16 @@ def test_train_workers_run_on_the_declared_nodes(cluster_run):
     first = cluster_run["first"]
     assert first["nodes"] == [1.0, 2.0, 2.0]
     assert first["memory"][:2] == [2**30, 2**30]
+
+
+def test_ray_worker_output_is_kept_with_the_task(cluster_run):
+    from michelangelo.uniflow.core._records import RunStore
+    from michelangelo.uniflow.core._storage import Storage
+
+    store = RunStore(Storage(cluster_run["storage"]))
+    log = store.storage.read_bytes(
+        store.log_path(cluster_run["run_id"], "001-train_on_cluster", 1)).decode()
+    assert "hello from train worker 0" in log and "hello from train worker 1" in log
 
 
 def test_oversized_scaling_configs_fail_before_dispatch(cluster_run):

@@ -105,6 +105,21 @@ def test_file_url_memory_url_and_ray_checkpoint_sources(full_file_run):
     _assert_same_weights(cf.load_state_dict(Checkpoint.from_directory(str(folder))), reference)
 
 
+def test_ray_checkpoint_on_a_remote_filesystem_is_downloaded(full_file_run):
+    import fsspec
+    import pyarrow.fs
+
+    folder, reference = full_file_run
+    memory = fsspec.filesystem("memory")
+    memory.put(str(folder) + "/", "/ray-remote/ckpt/", recursive=True)
+    try:
+        remote_fs = pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(memory))
+        checkpoint = Checkpoint(path="/ray-remote/ckpt", filesystem=remote_fs)
+        _assert_same_weights(cf.load_state_dict(checkpoint, "ddp"), reference)
+    finally:
+        memory.rm("/ray-remote", recursive=True)
+
+
 def test_missing_source_names_the_path(tmp_path):
     with pytest.raises(FileNotFoundError, match="nope"):
         cf.load_state_dict(tmp_path / "nope")
