@@ -71,8 +71,7 @@ def main(argv: list[str] | None = None) -> dict:
     import ray
 
     import michelangelo.uniflow.core as uniflow
-    from michelangelo.uniflow.plugins.ray import RayTask
-    from michelangelo.uniflow.plugins.ray import _guard
+    from michelangelo.uniflow.plugins.ray import RayTask, _guard
 
     @ray.remote
     def one() -> int:
@@ -138,8 +137,11 @@ def main(argv: list[str] | None = None) -> dict:
     raylets_after = processes_naming("uf-ray-", "raylet")
     leftovers = sorted({pid for d in own_dirs if d for pid in processes_naming(d)})
     left_dirs = [d for d in own_dirs if d and os.path.exists(d)]
+    for d in left_dirs:  # e.g. a late metrics file an exiting Ray process wrote after rmtree
+        if os.path.basename(d).startswith("ufb-bare-"):
+            shutil.rmtree(d, ignore_errors=True)
 
-    ratios = [o / b for o, b in zip(runs["ours"], runs["bare"])]
+    ratios = [o / b for o, b in zip(runs["ours"], runs["bare"], strict=True)]
     ratio = median(ratios)
     rows = []
     for i in range(args.reps):
@@ -159,8 +161,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"median ours to body start: {median([d['to_body_s'] for d in details['ours']]):.2f} s")
     print(f"raylets with 'uf-ray-' in cmdline: before {len(raylets_before)}, after "
           f"{len(raylets_after)} (machine-wide: other jobs' clusters count too)")
-    print(f"processes still naming this benchmark's temp dirs: {len(leftovers)}; temp dirs left: "
-          f"{len(left_dirs)}")
+    print(f"processes still naming this benchmark's temp dirs: {len(leftovers)}; temp dirs found "
+          f"left after the run: {left_dirs or 'none'} (the bare arm's are removed again)")
     print(NOISE_NOTE)
 
     results = {

@@ -158,12 +158,12 @@ def main(argv: list[str] | None = None) -> dict:
         ray.shutdown()
         shutil.rmtree(ray_tmp, ignore_errors=True)
 
-    ratios = [r / o for o, r in zip(runs["ours"], runs["raw"])]
+    ratios = [r / o for o, r in zip(runs["ours"], runs["raw"], strict=True)]
     ratio = median(ratios)
     mb = nbytes / 2**20
     rows = [
         [i + 1, o, r, rt, phases["ours_describe"][i]]
-        for i, (o, r, rt) in enumerate(zip(runs["ours"], runs["raw"], ratios))
+        for i, (o, r, rt) in enumerate(zip(runs["ours"], runs["raw"], ratios, strict=True))
     ]
     print_table(
         f"dataset round trip: {args.rows} rows x {args.cols} float64 cols ({mb:.0f} MiB), "
@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"_describe: {med['ours_describe']:.3f} s median "
           f"({sizes['parquet_bytes'] / 2**20 / max(med['ours_describe'], 1e-9):.0f} MiB/s over "
           f"{sizes['parquet_files']} Parquet file(s)); ratio without it would be "
-          f"{median([r / (o - d) for o, r, d in zip(runs['ours'], runs['raw'], phases['ours_describe'])]):.3f}")
+          f"{median([r / (o - d) for o, r, d in zip(runs['ours'], runs['raw'], phases['ours_describe'], strict=True)]):.3f}")
     print(f"handle pickled size: {sizes['handle_pickled_bytes']} bytes "
           f"(after load_ray_dataset: {sizes['loaded_handle_pickled_bytes']} bytes)")
     print(NOISE_NOTE)

@@ -137,13 +137,13 @@ def main(argv: list[str] | None = None) -> dict:
         files_per_run = sum(len(files) for _, _, files in os.walk(run_dir))
         profile = profile_once(n)
 
-    overheads_ms = [1000 * (o - r) / n for o, r in zip(runs["uniflow"], runs["plain"])]
+    overheads_ms = [1000 * (o - r) / n for o, r in zip(runs["uniflow"], runs["plain"], strict=True)]
     per_task_ms = median(overheads_ms)
-    cpu_overheads_ms = [1000 * (o - r) / n for o, r in zip(cpu["uniflow"], cpu["plain"])]
+    cpu_overheads_ms = [1000 * (o - r) / n for o, r in zip(cpu["uniflow"], cpu["plain"], strict=True)]
     rows = [
         [i + 1, 1000 * o, 1000 * r, d, c]
         for i, (o, r, d, c) in enumerate(
-            zip(runs["uniflow"], runs["plain"], overheads_ms, cpu_overheads_ms))
+            zip(runs["uniflow"], runs["plain"], overheads_ms, cpu_overheads_ms, strict=True))
     ]
     print_table(
         f"dispatch: workflow of {n} no-op tasks vs {n} plain calls (alternated)",

@@ -90,7 +90,11 @@ def logs(run_id: str, task: str | None, storage_url: str | None) -> None:
             raise RunNotFoundError(f"run {run_id} has no task {task!r}")
     for record in records:
         folder = posixpath.join(store.call_dir(run_id, record.call_id), "logs")
-        for name in store.storage.listdir(folder):
+        if not store.storage.exists(folder):
+            continue
+        # The task's own output first (attempt-N.log), then its Ray workers' files.
+        files = sorted(store.storage.fs.find(folder), key=lambda p: ("/ray-" in p, p))
+        for path in files:
+            name = posixpath.relpath(path, folder)
             click.echo(click.style(f"==> {record.call_id} {name} <==", bold=True))
-            click.echo(store.storage.read_bytes(posixpath.join(folder, name)).decode(
-                errors="replace"), nl=False)
+            click.echo(store.storage.read_bytes(path).decode(errors="replace"), nl=False)

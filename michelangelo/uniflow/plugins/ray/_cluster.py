@@ -37,6 +37,10 @@ class RayCluster:
         """Disconnect and remove whatever this cluster started; safe to call twice."""
         raise NotImplementedError
 
+    def collect_logs(self, destination: str) -> None:
+        """Copy the Ray worker logs written so far into ``destination`` (if reachable)."""
+        return None
+
     def shape(self) -> ClusterShape:
         from michelangelo.uniflow.plugins.ray._capacity import ClusterShape
 

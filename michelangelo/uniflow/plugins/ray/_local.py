@@ -214,6 +214,29 @@ class LocalRayCluster(RayCluster):
                 )
             time.sleep(0.2)
 
+    def collect_logs(self, destination: str) -> None:
+        """Copy worker and Ray Train log files of this cluster's session into ``destination``.
+
+        Ray Train V2 sends a worker's prints to its own log files rather than to the driver,
+        so copying the files is what keeps a task's worker output with its run.
+        """
+        logs = os.path.join(getattr(self, "_temp_dir", ""), "session_latest", "logs")
+        if not os.path.isdir(logs):
+            return
+        for root, _, files in os.walk(logs):
+            for name in files:
+                rel = os.path.relpath(os.path.join(root, name), logs)
+                wanted = name.startswith("worker-") or rel.startswith("train")
+                source = os.path.join(root, name)
+                if not wanted or not name.endswith((".out", ".err", ".log")):
+                    continue
+                with contextlib.suppress(OSError):
+                    if os.path.getsize(source) == 0:
+                        continue
+                    target = os.path.join(destination, rel)
+                    os.makedirs(os.path.dirname(target), exist_ok=True)
+                    shutil.copyfile(source, target)
+
     def shutdown(self) -> None:
 
         if self.state == ClusterState.DELETED:

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import posixpath
 from collections.abc import Iterator
 
 from michelangelo.uniflow.core._plugin import TaskPlugin, register_plugin
 from michelangelo.uniflow.core._run import Run
+from michelangelo.uniflow.core._runtime import current_call
 from michelangelo.uniflow.plugins.ray import _guard
 from michelangelo.uniflow.plugins.ray._capacity import active_ray_task
 from michelangelo.uniflow.plugins.ray._cluster import RayCluster
@@ -26,8 +28,13 @@ class RayTaskPlugin(TaskPlugin):
     @contextlib.contextmanager
     def execution(self, config: RayTask, run: Run) -> Iterator[None]:
         cluster = self._cluster_for(config, run)
-        with active_ray_task(config), _guard.active_cluster(cluster):
-            yield
+        try:
+            with active_ray_task(config), _guard.active_cluster(cluster):
+                yield
+        finally:
+            call = current_call()
+            if call is not None and run.storage.is_local:
+                cluster.collect_logs(posixpath.join(call.call_dir, "logs", f"ray-{call.attempt}"))
 
     def _cluster_for(self, config: RayTask, run: Run) -> RayCluster:
         cluster: RayCluster | None = run.resources.get(_KEY)

@@ -155,7 +155,8 @@ def test_sigkilled_driver_resumes_loss_curve_and_step(tmp_path):
 
     snapshot_dir = storage / "killed"
     saved = [torch.load(os.path.join(snapshot_dir, d, "checkpoint.ckpt"), weights_only=False)
-             for d in os.listdir(snapshot_dir) if d.startswith("checkpoint_")]
+             for d in os.listdir(snapshot_dir)
+             if d.startswith("checkpoint_") and os.path.isdir(snapshot_dir / d)]
     at_resume = [c for c in saved if c["global_step"] == resumed_step]
     assert at_resume, [c["global_step"] for c in saved]
     for key, values in starts[0]["weights"].items():

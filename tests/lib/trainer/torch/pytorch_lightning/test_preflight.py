@@ -83,8 +83,8 @@ def test_no_declared_memory_skips():
 
 def test_raytask_worker_memory_is_the_budget_and_the_trainer_refuses(data, tmp_path):
     train, val = data
-    hidden = 20_000
-    params = tiny_params(hidden)  # ~200k parameters -> ~3.2 MB under DDP
+    hidden = 22_000
+    params = tiny_params(hidden)  # ~220k parameters -> ~3.5 MB under DDP
     task = RayTask(worker_memory="2Mi", worker_instances=2)
     with active_ray_task(task), pytest.raises(ValueError) as info:
         LightningTrainer(
@@ -96,7 +96,7 @@ def test_raytask_worker_memory_is_the_budget_and_the_trainer_refuses(data, tmp_p
         )
     assert f"{params:,} parameters" in str(info.value)
     assert "RayTask worker_memory" in str(info.value)
-    # The same model sharded with fsdp over the 2 workers fits the same task (1.6 MB < 2 MiB),
+    # The same model sharded with fsdp over the 2 workers fits the same task (1.76 MB, 84% of 2 MiB),
     # though close enough to warn.
     with active_ray_task(task), pytest.warns(UserWarning, match="Memory preflight"):
         LightningTrainer(
