@@ -28,6 +28,7 @@ from michelangelo.uniflow.plugins.ray._ports import free_port
 _DEFAULT_WORKER_OBJECT_STORE = 256 * 2**20
 _DEFAULT_HEAD_OBJECT_STORE = 512 * 2**20
 _HEAD_START_TIMEOUT_S = 120.0
+_STOP_GRACE_S = 5.0
 
 
 def _ray_executable() -> str:
@@ -250,16 +251,14 @@ class LocalRayCluster(RayCluster):
 
         if ray.is_initialized():
             ray.shutdown()
-        # Workers first, then the head; SIGTERM lets `ray start --block` drain and exit.
+        # Workers first, then the head. SIGTERM lets `ray start --block` drain; the cluster is
+        # ours alone and about to vanish, so a short grace is enough before SIGKILL.
         for proc in reversed(self._procs):
             _signal_group(proc, signal.SIGTERM)
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + _STOP_GRACE_S
         for proc in reversed(self._procs):
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                _signal_group(proc, signal.SIGKILL)
-                proc.wait(timeout=10)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.05, deadline - time.monotonic()))
         # Leftovers: Ray worker processes put themselves in their own process groups but stay
         # in the node's session, so end everything in each node's session.
         _kill_sessions({proc.pid for proc in self._procs})
