@@ -126,8 +126,9 @@ class RunStore:
         return TaskRecord.from_json(data) if data else None
 
     def load_tasks(self, run_id: str) -> list[TaskRecord]:
-        run = self.load_run(run_id)
-        ids = run.tasks if run else self.storage.listdir(self.storage.join("runs", run_id, "tasks"))
+        # Call ids are zero-padded sequence numbers, so the folder listing is call order; it
+        # also covers a run that was killed before run.json listed its calls.
+        ids = self.storage.listdir(self.storage.join("runs", run_id, "tasks"))
         records = [self.load_task(run_id, call_id) for call_id in ids]
         return [r for r in records if r is not None]
 

@@ -98,7 +98,8 @@ class Run:
 
     # -- the run as a whole ------------------------------------------------------------------
     def execute(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        self.record.arguments = self.store.describe_args(_bind(fn, args, kwargs))
+        self.record.arguments = self.store.describe_args(
+            _bind(inspect.signature(fn), args, kwargs, getattr(fn, "__name__", "workflow")))
         self.store.save_run(self.record)
         self.reporter.run_started(self.record)
         token = _ACTIVE_RUN.set(self)
@@ -136,7 +137,7 @@ class Run:
     def call_task(self, task: Task, args: tuple, kwargs: dict) -> Any:
         self._sequence += 1
         call_id = f"{self._sequence:03d}-{task.name}"
-        arguments = _bind(task.fn, args, kwargs)
+        arguments = _bind(task.signature, args, kwargs, task.name)
         input_fp = inputs_fingerprint(arguments)
         key = call_key(task.identity, task.code_fingerprint, input_fp, task.cache_version)
         record = TaskRecord(
@@ -147,8 +148,8 @@ class Run:
             inputs_fingerprint=input_fp,
             config=repr(task.config) if task.config is not None else None,
         )
+        # run.json lists the calls when the run ends; while it goes, the call folders do.
         self.record.tasks.append(call_id)
-        self.store.save_run(self.record)
 
         reused = self._from_previous(record) or (task.cache and self._from_cache(record))
         if reused:
@@ -220,7 +221,7 @@ class Run:
                     capture_output(log_path if self.storage.is_local else None),
                     plugin.execution(task.config, self),
                 ):
-                    resolved = _resolve(task.fn, arguments)
+                    resolved = _resolve(task.annotations, arguments)
                     with time_limit(task.timeout, task.name):
                         value = task.fn(**resolved)
                     travelling = self._persist(record, call_dir, value)
@@ -278,21 +279,17 @@ class Run:
 _MISSING = object()
 
 
-def _bind(fn: Callable[..., Any], args: tuple, kwargs: dict) -> dict[str, Any]:
+def _bind(signature: inspect.Signature, args: tuple, kwargs: dict, name: str) -> dict[str, Any]:
     try:
-        bound = inspect.signature(fn).bind(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
     except TypeError as exc:
-        raise TypeError(f"{getattr(fn, '__name__', fn)}(): {exc}") from None
+        raise TypeError(f"{name}(): {exc}") from None
     bound.apply_defaults()
     return dict(bound.arguments)
 
 
-def _resolve(fn: Callable[..., Any], arguments: dict[str, Any]) -> dict[str, Any]:
+def _resolve(hints: dict[str, Any], arguments: dict[str, Any]) -> dict[str, Any]:
     """Turn handles into what the task's annotations ask for (e.g. a Ray Dataset)."""
-    try:
-        hints = inspect.get_annotations(fn, eval_str=True)
-    except Exception:  # unresolvable annotations: pass the handles as they are
-        hints = {}
     resolved = {}
     for name, value in arguments.items():
         resolver = getattr(value, "uniflow_resolve", None)

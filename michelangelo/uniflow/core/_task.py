@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -64,6 +65,17 @@ class Task(Generic[P, R]):
     @functools.cached_property
     def code_fingerprint(self) -> str:
         return code_fingerprint(self.fn)
+
+    @functools.cached_property
+    def signature(self) -> inspect.Signature:
+        return inspect.signature(self.fn)
+
+    @functools.cached_property
+    def annotations(self) -> dict[str, Any]:
+        try:
+            return inspect.get_annotations(self.fn, eval_str=True)
+        except Exception:  # unresolvable annotations: handles are passed as they are
+            return {}
 
     def with_overrides(self, **changes: Any) -> Task[P, R]:
         """A copy of this task with some options changed, e.g. ``config=RayTask(...)``."""

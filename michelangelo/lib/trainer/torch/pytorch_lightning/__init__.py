@@ -3,8 +3,20 @@
 Public names only; the implementation lives in the underscored modules next to this file.
 """
 
+from michelangelo.lib.trainer.torch.pytorch_lightning._experiment_store import (
+    ExperimentStore,
+    FsspecExperimentStore,
+)
+from michelangelo.lib.trainer.torch.pytorch_lightning._fsdp2 import RayModelParallelStrategy
 from michelangelo.lib.trainer.torch.pytorch_lightning._observer import TrainingObserver
 from michelangelo.lib.trainer.torch.pytorch_lightning._param import LightningTrainerParam
+from michelangelo.lib.trainer.torch.pytorch_lightning._profiler_sinks import (
+    comet_profiler_sink,
+    mlflow_profiler_sink,
+)
+from michelangelo.lib.trainer.torch.pytorch_lightning._state_dict import (
+    LightningTrainerWithStateDict,
+)
 from michelangelo.lib.trainer.torch.pytorch_lightning._trainer import LightningTrainer
 from michelangelo.lib.trainer.torch.pytorch_lightning.schema import (
     IncrementalTrainingSpec,
@@ -30,25 +42,3 @@ __all__ = [
     "comet_profiler_sink",
     "mlflow_profiler_sink",
 ]
-
-# Names written in sibling modules that land separately; imported lazily so this package
-# works (and imports fast) whichever of them exist yet.
-_LAZY = {
-    "ExperimentStore": "_experiment_store",
-    "FsspecExperimentStore": "_experiment_store",
-    "LightningTrainerWithStateDict": "_state_dict",
-    "RayModelParallelStrategy": "_fsdp2",
-    "comet_profiler_sink": "_profiler_sinks",
-    "mlflow_profiler_sink": "_profiler_sinks",
-}
-
-
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
-    globals()[name] = value
-    return value

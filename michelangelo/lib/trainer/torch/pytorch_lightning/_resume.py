@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import posixpath
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,10 @@ import fsspec
 logger = logging.getLogger(__name__)
 
 SNAPSHOT = "checkpoint_manager_snapshot.json"
+
+# Ray Train V2 fills in both fields when they are not given: an unnamed run becomes
+# "ray_train_run-<date>" (so it never resumes) and the storage path Ray's default.
+_GENERATED_NAME = re.compile(r"^ray_train_run-\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}")
 
 __all__ = ["ResumePlan", "experiment_dir_of", "plan_resume"]
 
@@ -36,6 +41,18 @@ def experiment_dir_of(run_config: Any) -> str | None:
     return posixpath.join(str(run_config.storage_path).rstrip("/"), run_config.name)
 
 
+def missing_identity(run_config: Any) -> list[str]:
+    """The run identity fields the user did not choose (Ray's generated values count as unset)."""
+    from ray.train.constants import DEFAULT_STORAGE_PATH
+
+    missing = []
+    if not run_config.name or _GENERATED_NAME.match(str(run_config.name)):
+        missing.append("name")
+    if not run_config.storage_path or str(run_config.storage_path) == DEFAULT_STORAGE_PATH:
+        missing.append("storage_path")
+    return missing
+
+
 def _exists(url: str) -> bool:
     try:
         fs, path = fsspec.core.url_to_fs(url)
@@ -47,9 +64,10 @@ def _exists(url: str) -> bool:
 def plan_resume(run_config: Any, store: Any) -> ResumePlan:
     """Decide how this run resumes. Never raises."""
     experiment_dir = experiment_dir_of(run_config)
-    if experiment_dir is None:
-        missing = [k for k in ("name", "storage_path") if not getattr(run_config, k)]
-        plan = ResumePlan(False, None, f"auto-resume skipped: RunConfig has no {missing}")
+    missing = missing_identity(run_config)
+    if experiment_dir is None or missing:
+        plan = ResumePlan(False, None, f"auto-resume skipped: RunConfig has no {missing} "
+                          "(Ray's generated defaults do not identify a run to resume)")
         logger.info(plan.reason)
         return plan
     if _exists(posixpath.join(experiment_dir, SNAPSHOT)):
