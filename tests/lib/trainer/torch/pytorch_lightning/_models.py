@@ -131,6 +131,10 @@ def start_test_ray(num_cpus: int = 4) -> None:
     """Start a private local Ray for one test module (see the project's test rules)."""
     import ray
 
+    if ray.is_initialized():
+        # A background thread of an earlier module (e.g. a Ray Data prefetcher) can
+        # auto-initialise Ray in this process after that module's shutdown.
+        ray.shutdown()
     ray.init(
         address="local",
         num_cpus=num_cpus,

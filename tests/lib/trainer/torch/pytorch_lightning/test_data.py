@@ -48,5 +48,5 @@ def test_collate_fn_replaces_tensor_conversion(shard):
 
     batches = list(SizedBatches(shard, 48, 8, collate_fn=collate))
     assert all(isinstance(b, tuple) and b[1] == 8 for b in batches)
-    default = next(iter(SizedBatches(shard, 48, 8)))
-    assert isinstance(default["x"], torch.Tensor) and default["x"].shape == (8, 8)
+    default = list(SizedBatches(shard, 48, 8))  # consumed fully: no prefetcher left behind
+    assert isinstance(default[0]["x"], torch.Tensor) and default[0]["x"].shape == (8, 8)

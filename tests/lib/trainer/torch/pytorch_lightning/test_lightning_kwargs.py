@@ -50,7 +50,7 @@ def test_defaults_are_overridable(data):
 def test_num_epochs_is_honoured_unless_max_epochs_given(data):
     with pytest.warns(FutureWarning):
         assert resolve(data, num_epochs=4).trainer_kwargs["max_epochs"] == 4
-    with pytest.warns(UserWarning, match="max_epochs wins"):
+    with pytest.warns(FutureWarning), pytest.warns(UserWarning, match="max_epochs wins"):
         assert resolve(data, {"max_epochs": 2}, num_epochs=4).trainer_kwargs["max_epochs"] == 2
 
 

@@ -48,6 +48,10 @@ def test_skipped_with_info_when_name_or_storage_missing(caplog, tmp_path):
         plan = plan_resume(RunConfig(storage_path=str(tmp_path)), store)
     assert plan.seed_checkpoint is None and not plan.native
     assert "auto-resume skipped" in caplog.text and "'name'" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        plan = plan_resume(RunConfig(name="named"), store)  # Ray's default storage path
+    assert plan.seed_checkpoint is None and "'storage_path'" in caplog.text
 
 
 def test_native_snapshot_wins_over_the_store(tmp_path):

@@ -1,0 +1,78 @@
+"""Strategies through LightningTrainer on real workers: FSDP2 on CPU; FSDP1/DeepSpeed on GPU."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import ray
+import torch
+from _models import (
+    create_tiny_fsdp2_model,
+    create_tiny_model,
+    make_regression_datasets,
+    ship_by_value,
+    start_test_ray,
+)
+from ray.train import RunConfig, ScalingConfig
+
+from michelangelo.lib.trainer.torch.pytorch_lightning import (
+    LightningTrainer,
+    LightningTrainerParam,
+)
+
+ship_by_value(__name__)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster():
+    start_test_ray()
+    yield
+    ray.shutdown()
+
+
+def _run(tmp_path, name, factory, strategy, use_gpu=False, **extra):
+    train, val = make_regression_datasets(32, 8)
+    return LightningTrainer(
+        trainer_param=LightningTrainerParam(
+            create_model_fn=factory, create_model_fn_kwargs={}, train_data=train,
+            val_data=val, lightning_trainer_kwargs={"strategy": strategy, **extra}),
+        run_config=RunConfig(name=name, storage_path=str(tmp_path / "ray")),
+        scaling_config=ScalingConfig(num_workers=2, use_gpu=use_gpu),
+    ).train()
+
+
+def test_fsdp2_runs_on_cpu_without_prepare_trainer(tmp_path):
+    result = _run(tmp_path, "fsdp2", create_tiny_fsdp2_model, "fsdp2")
+    assert result["metrics"]["step"] == 2
+    # A distributed (DCP) checkpoint: checkpoint.ckpt is a folder with per-rank shards.
+    ckpt = os.path.join(result["checkpoint_path"], "checkpoint.ckpt")
+    assert os.path.isdir(ckpt)
+    assert any(name.endswith(".distcp") for name in os.listdir(ckpt))
+
+
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@gpu
+def test_fsdp_on_gpu(tmp_path):
+    result = _run(tmp_path, "fsdp", create_tiny_model, "fsdp", use_gpu=True,
+                  precision="bf16-mixed")
+    assert os.path.exists(os.path.join(result["checkpoint_path"], "checkpoint.ckpt"))
+
+
+@pytest.mark.gpu
+@gpu
+def test_deepspeed_on_gpu(tmp_path):
+    result = _run(tmp_path, "deepspeed", create_tiny_model, "deepspeed", use_gpu=True,
+                  precision="bf16-mixed", strategy_kwargs={"stage": 2})
+    assert os.path.isdir(os.path.join(result["checkpoint_path"], "checkpoint.ckpt"))
+
+
+@pytest.mark.gpu
+@gpu
+def test_fp16_ddp_on_gpu(tmp_path):
+    result = _run(tmp_path, "fp16", create_tiny_model, "ddp", use_gpu=True,
+                  precision="16-mixed")
+    assert result["metrics"]["step"] == 2
