@@ -1,23 +1,14 @@
-"""The trainer guide's minimal training task, on CPU, as a plain script.
+"""The trainer guide's minimal training task, as a uniflow workflow that runs on a laptop.
 
-Run it with ``python examples/trainer/train_minimal.py``. It starts a small local Ray
-instance, trains a tiny regressor on 2 Ray Train workers for 2 epochs and prints what
-``train()`` returns. Differences from the guide's task: CPU workers (no ``use_gpu``),
-``precision="bf16-mixed"`` instead of ``"16-mixed"`` (fp16 needs a GPU and is refused on the
-driver), generated data instead of ``DatasetVariable``\\s, and small sizes.
-
-Inside a uniflow workflow the function below becomes a task on its own cluster, e.g.::
-
-    @uniflow.task(config=RayTask(head_cpu=2, head_memory="4Gi", worker_cpu=2,
-                                 worker_memory="4Gi", worker_instances=2))
-    def train(train_dv: DatasetVariable, val_dv: DatasetVariable): ...
-
-and ``create_run_config`` then places the results with the run.
+Run it with ``python examples/trainer/train_minimal.py``. ``prepare`` builds two small
+Ray datasets and hands them on as ``DatasetVariable`` handles; ``train`` is the guide's task:
+it runs on a RayTask cluster, and ``LightningTrainer`` trains on 2 Ray Train workers there.
+Differences from the guide (resources only): a smaller cluster, 2 CPU workers instead of
+4 GPU workers, and ``precision="bf16-mixed"`` because fp16 needs a GPU (the trainer refuses
+``"16-mixed"`` with ``use_gpu=False`` on the driver, naming the fix).
 """
 
 from __future__ import annotations
-
-import tempfile
 
 import numpy as np
 import pytorch_lightning as pl
@@ -27,11 +18,13 @@ import torch
 from ray.train import CheckpointConfig, ScalingConfig
 from torch import nn
 
+import michelangelo.uniflow.core as uniflow
 from michelangelo.lib.trainer.torch.pytorch_lightning import (
     LightningTrainer,
     LightningTrainerParam,
 )
-from michelangelo.uniflow.plugins.ray import create_run_config
+from michelangelo.uniflow.plugins.ray import RayTask, create_run_config
+from michelangelo.workflow.variables import DatasetVariable
 
 FEATURES = 8
 
@@ -75,13 +68,31 @@ def make_dataset(n_rows: int, seed: int) -> ray.data.Dataset:
     return ray.data.from_items(rows)
 
 
-def train(train_ds: ray.data.Dataset, val_ds: ray.data.Dataset, storage_path: str) -> str:
+@uniflow.task(config=RayTask(head_cpu=1, worker_cpu=1, worker_instances=1))
+def prepare(n_rows: int) -> tuple[DatasetVariable, DatasetVariable]:
+    return (DatasetVariable.create(make_dataset(n_rows, 0)),
+            DatasetVariable.create(make_dataset(n_rows // 4, 1)))
+
+
+@uniflow.task(
+    config=RayTask(
+        head_cpu=1,
+        head_memory="2Gi",
+        worker_cpu=2,
+        worker_memory="2Gi",
+        worker_instances=2,
+    )
+)
+def train(train_dv: DatasetVariable, val_dv: DatasetVariable):
+    train_dv.load_ray_dataset()
+    val_dv.load_ray_dataset()
+
     trainer = LightningTrainer(
         trainer_param=LightningTrainerParam(
             create_model_fn=create_model,
             create_model_fn_kwargs={"hidden_dim": 32, "learning_rate": 1e-2},
-            train_data=train_ds,
-            val_data=val_ds,
+            train_data=train_dv.value,
+            val_data=val_dv.value,
             batch_size=32,
             lightning_trainer_kwargs={
                 "max_epochs": 2,
@@ -91,27 +102,28 @@ def train(train_ds: ray.data.Dataset, val_ds: ray.data.Dataset, storage_path: st
         ),
         run_config=create_run_config(
             name="my-training-run",
-            storage_path=storage_path,
             checkpoint_config=CheckpointConfig(
                 num_to_keep=1,
                 checkpoint_score_attribute="val_loss",
                 checkpoint_score_order="min",
             ),
         ),
-        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
+        scaling_config=ScalingConfig(
+            num_workers=2,
+            use_gpu=False,
+            resources_per_worker={"CPU": 1},
+        ),
     )
+
     result = trainer.train()
-    print("metrics:", result["metrics"])
-    print("result path:", result["path"])
     return result["checkpoint_path"]
 
 
+@uniflow.workflow()
+def minimal(n_rows: int = 512) -> str:
+    train_dv, val_dv = prepare(n_rows)
+    return train(train_dv, val_dv)
+
+
 if __name__ == "__main__":
-    # address="local": always start a private instance, never join another one on this host.
-    ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=200 * 2**20)
-    try:
-        with tempfile.TemporaryDirectory() as storage:
-            path = train(make_dataset(512, 0), make_dataset(128, 1), storage)
-            print("checkpoint:", path)
-    finally:
-        ray.shutdown()
+    print("checkpoint:", uniflow.create_context().run(minimal))
