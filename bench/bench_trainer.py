@@ -16,7 +16,9 @@ our trainer applies by default (``max_epochs``, ``num_sanity_val_steps=0``,
 
 Measured on the workers by one tiny Lightning callback, present in both arms: the start time
 of every training batch. Steady-state throughput = rows / time over consecutive batches of
-one epoch, skipping the first ``--warmup`` batches of each epoch; summed over the ranks.
+one epoch, skipping the first ``--warmup`` batches of each epoch; summed over the ranks. Also
+the rows/s of the median batch interval (less sensitive to bursts of other jobs' load) and
+the p10/p50/p90 batch intervals of rank 0.
 Also: the whole ``train()`` / ``fit()`` wall time on the driver, and its phases (driver-side
 construction, dispatch until the model factory runs on the workers, Lightning setup until
 the first batch, the training loop, and the return to the driver).
@@ -46,9 +48,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import pytorch_lightning as pl  # noqa: E402
 import torch  # noqa: E402
-from torch import nn  # noqa: E402
-
 from _common import NOISE_NOTE, median, print_table, write_results  # noqa: E402
+from torch import nn  # noqa: E402
 
 TARGET_THROUGHPUT = 0.97
 TARGET_WALL = 1.10
@@ -180,17 +181,34 @@ def build_datasets(rows: int, features: int, blocks: int = 8):
     return train, val
 
 
-def steady_rows_per_s(record: dict, warmup: int) -> tuple[float, int, float]:
-    """(rows/s, rows, seconds) over consecutive batches of one epoch, after ``warmup``."""
+def steady_rows_per_s(record: dict, warmup: int) -> tuple[float, int, float, float]:
+    """Over consecutive batches of one epoch, after ``warmup``: (rows/s, rows, seconds,
+    rows/s of the median batch). The last is robust to bursts of other jobs' load."""
     rows, seconds = 0, 0.0
+    rates: list[float] = []
     by_epoch: dict[int, list[tuple[float, int]]] = {}
     for epoch, t, n in record["batches"]:
         by_epoch.setdefault(epoch, []).append((t, n))
     for batches in by_epoch.values():
-        for (t0, n0), (t1, _) in zip(batches[warmup:], batches[warmup + 1:]):
+        for (t0, n0), (t1, _) in zip(batches[warmup:], batches[warmup + 1:], strict=False):
             rows += n0
             seconds += t1 - t0
-    return (rows / seconds if seconds > 0 else float("nan")), rows, seconds
+            if t1 > t0:
+                rates.append(n0 / (t1 - t0))
+    total = rows / seconds if seconds > 0 else float("nan")
+    return total, rows, seconds, (median(rates) if rates else float("nan"))
+
+
+def batch_ms_percentiles(record: dict, warmup: int) -> dict[str, float]:
+    """p10 / p50 / p90 of the steady batch-to-batch intervals (ms) of one rank."""
+    by_epoch: dict[int, list[float]] = {}
+    for epoch, t, _ in record["batches"]:
+        by_epoch.setdefault(epoch, []).append(t)
+    gaps = sorted(1000 * (t1 - t0) for ts in by_epoch.values()
+                  for t0, t1 in zip(ts[warmup:], ts[warmup + 1:], strict=False))
+    if not gaps:
+        return {}
+    return {f"p{q}": gaps[min(len(gaps) - 1, len(gaps) * q // 100)] for q in (10, 50, 90)}
 
 
 def summarize(records: list[dict], t_start: float, t_fit: float, t_end: float,
@@ -201,6 +219,8 @@ def summarize(records: list[dict], t_start: float, t_fit: float, t_end: float,
         "wall_s": t_end - t_start,
         "rows_per_s": sum(p[0] for p in per_rank),
         "rows_per_s_by_rank": [p[0] for p in per_rank],
+        "median_batch_rows_per_s": sum(p[3] for p in per_rank),
+        "batch_ms_rank0": batch_ms_percentiles(records[0], warmup),
         "steady_rows": sum(p[1] for p in per_rank),
         "num_training_batches": [r["num_training_batches"] for r in records],
         "phases": {
@@ -223,9 +243,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--pairs", type=int, default=3, help="ours/raw pairs, alternated")
     parser.add_argument("--warmup", type=int, default=10, help="batches skipped per epoch")
+    parser.add_argument("--warmup-runs", type=int, default=1,
+                        help="unreported runs before the pairs (session warm-up)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--gpu", action="store_true",
                         help="use_gpu=True, bf16-mixed, 1 worker per visible GPU (max --workers)")
+    parser.add_argument("--results-name", default=None,
+                        help="bench/results/<name>.json (default: trainer, or trainer_gpu)")
     parser.add_argument("--profile", action="store_true",
                         help="cProfile the driver side of one extra run of our arm")
     args = parser.parse_args(argv)
@@ -245,6 +269,9 @@ def main(argv: list[str] | None = None) -> dict:
         LightningTrainerParam,
     )
 
+    gpus = torch.cuda.device_count() if args.gpu else 0
+    if args.gpu and gpus < 1:
+        raise SystemExit("--gpu: torch sees no CUDA device on this machine")
     ray_tmp = tempfile.mkdtemp(prefix="ufb-ray-", dir="/tmp")
     work = tempfile.mkdtemp(prefix="ufbench-trainer-")
     ray.init(address="local", num_cpus=4, include_dashboard=False,
@@ -256,9 +283,6 @@ def main(argv: list[str] | None = None) -> dict:
     trainer_kwargs: dict = {"max_epochs": args.epochs, "num_sanity_val_steps": 0,
                             "enable_progress_bar": False}
     if args.gpu:
-        gpus = int(ray.cluster_resources().get("GPU", 0))
-        if gpus < 1:
-            raise SystemExit("--gpu: Ray sees no GPU on this machine")
         workers = min(workers, gpus)
         trainer_kwargs["precision"] = "bf16-mixed"
     model_kwargs = {"features": args.features, "hidden": args.hidden}
@@ -286,7 +310,7 @@ def main(argv: list[str] | None = None) -> dict:
 
         def ours() -> dict:
             counter["n"] += 1
-            tag = f"ours-{counter['n']}"
+            tag = f"ufb{os.getpid()}-ours-{counter['n']}"
             t_start = time.time()
             trainer = LightningTrainer(
                 trainer_param=LightningTrainerParam(
@@ -310,7 +334,7 @@ def main(argv: list[str] | None = None) -> dict:
 
         def raw() -> dict:
             counter["n"] += 1
-            tag = f"raw-{counter['n']}"
+            tag = f"ufb{os.getpid()}-raw-{counter['n']}"
             t_start = time.time()
             trainer = TorchTrainer(
                 raw_train_loop,
@@ -330,6 +354,13 @@ def main(argv: list[str] | None = None) -> dict:
             t_end = time.time()
             assert result.checkpoint is not None, result
             return summarize(collect(tag), t_start, t_fit, t_end, args.warmup)
+
+        # The first Train run of a session pays one-off costs (worker imports, the
+        # controller, Ray Data's executor); spend them outside the measured pairs.
+        for _ in range(args.warmup_runs):
+            summary = raw()
+            print(f"  warm-up run (raw arm, not reported): wall {summary['wall_s']:.1f} s",
+                  flush=True)
 
         for i in range(args.pairs):
             for name, fn in (("ours", ours), ("raw", raw)):
@@ -351,18 +382,26 @@ def main(argv: list[str] | None = None) -> dict:
         ray.shutdown()
         shutil.rmtree(ray_tmp, ignore_errors=True)
         shutil.rmtree(work, ignore_errors=True)
+        # RayTrainReportCallback leaves its (emptied) per-rank folders in the temp dir.
+        for leftover in glob.glob(os.path.join(
+                tempfile.gettempdir(), f"lightning_checkpoints-*-name=ufb{os.getpid()}-raw-*")):
+            shutil.rmtree(leftover, ignore_errors=True)
 
-    thr_ratios = [o["rows_per_s"] / r["rows_per_s"] for o, r in zip(runs["ours"], runs["raw"])]
-    wall_ratios = [o["wall_s"] / r["wall_s"] for o, r in zip(runs["ours"], runs["raw"])]
+    thr_ratios = [o["rows_per_s"] / r["rows_per_s"]
+                  for o, r in zip(runs["ours"], runs["raw"], strict=True)]
+    wall_ratios = [o["wall_s"] / r["wall_s"] for o, r in zip(runs["ours"], runs["raw"], strict=True)]
+    batch_ratios = [o["median_batch_rows_per_s"] / r["median_batch_rows_per_s"]
+                    for o, r in zip(runs["ours"], runs["raw"], strict=True)]
     thr_ratio, wall_ratio = median(thr_ratios), median(wall_ratios)
     print_table(
         f"LightningTrainer vs raw Ray Train + Lightning: {args.rows} rows x {args.features} "
         f"features, batch {args.batch_size}, {args.epochs} epoch(s), {workers} "
         f"{'GPU' if args.gpu else 'CPU'} worker(s), alternated",
-        ["pair", "ours rows/s", "raw rows/s", "ours/raw", "ours wall s", "raw wall s", "ours/raw"],
-        [[i + 1, o["rows_per_s"], r["rows_per_s"], t, o["wall_s"], r["wall_s"], w]
-         for i, (o, r, t, w) in enumerate(zip(runs["ours"], runs["raw"], thr_ratios,
-                                               wall_ratios))],
+        ["pair", "ours rows/s", "raw rows/s", "ours/raw", "median-batch ours/raw",
+         "ours wall s", "raw wall s", "ours/raw"],
+        [[i + 1, o["rows_per_s"], r["rows_per_s"], t, b, o["wall_s"], r["wall_s"], w]
+         for i, (o, r, t, b, w) in enumerate(zip(runs["ours"], runs["raw"], thr_ratios,
+                                                  batch_ratios, wall_ratios, strict=True))],
     )
     phase_names = list(runs["ours"][0]["phases"])
     med_phases = {arm: {p: median([s["phases"][p] for s in runs[arm]]) for p in phase_names}
@@ -370,9 +409,15 @@ def main(argv: list[str] | None = None) -> dict:
     print_table("median phases of the wall time (s)", ["phase", "ours", "raw", "ours - raw"],
                 [[p, med_phases["ours"][p], med_phases["raw"][p],
                   med_phases["ours"][p] - med_phases["raw"][p]] for p in phase_names])
+    pct = {arm: {q: median([s["batch_ms_rank0"][q] for s in runs[arm] if s["batch_ms_rank0"]])
+                 for q in ("p10", "p50", "p90")} for arm in runs}
+    print_table("steady batch-to-batch interval on rank 0, median over runs (ms)",
+                ["arm", "p10", "p50", "p90"],
+                [[arm, pct[arm]["p10"], pct[arm]["p50"], pct[arm]["p90"]] for arm in runs])
     thr_ok, wall_ok = thr_ratio >= TARGET_THROUGHPUT, wall_ratio <= TARGET_WALL
     print(f"\nsteady-state throughput ours/raw (median of pairs): {thr_ratio:.3f} "
-          f"(target >= {TARGET_THROUGHPUT}: {'met' if thr_ok else 'MISSED'})")
+          f"(target >= {TARGET_THROUGHPUT}: {'met' if thr_ok else 'MISSED'}); rows/s of the "
+          f"median batch, ours/raw: {median(batch_ratios):.3f} (less sensitive to load bursts)")
     print(f"train()/fit() wall time ours/raw (median of pairs): {wall_ratio:.3f} "
           f"(target <= {TARGET_WALL}: {'met' if wall_ok else 'MISSED'})")
     if profile_text:
@@ -386,15 +431,18 @@ def main(argv: list[str] | None = None) -> dict:
         "throughput_ratio_median": thr_ratio,
         "wall_ratio_median": wall_ratio,
         "throughput_ratios": thr_ratios,
+        "median_batch_throughput_ratio_median": median(batch_ratios),
+        "median_batch_throughput_ratios": batch_ratios,
         "wall_ratios": wall_ratios,
         "targets": {"throughput_ratio_min": TARGET_THROUGHPUT, "wall_ratio_max": TARGET_WALL},
         "targets_met": {"throughput": thr_ok, "wall": wall_ok},
         "median_phases_s": med_phases,
+        "batch_ms_rank0_median": pct,
         "runs": runs,
         "driver_profile": profile_text,
         "note": NOISE_NOTE,
     }
-    write_results("trainer_gpu" if args.gpu else "trainer", results)
+    write_results(args.results_name or ("trainer_gpu" if args.gpu else "trainer"), results)
     return results
 
 

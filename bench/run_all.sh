@@ -9,4 +9,10 @@ for name in dispatch dataset cluster_start; do
     echo "=== bench_${name}.py ==="
     "$PY" "bench/bench_${name}.py" || { echo "bench_${name}.py failed" >&2; status=1; }
 done
+# Trainer benchmarks (about 8-12 minutes more on a loaded 2-core machine): LightningTrainer vs
+# a hand-written Ray Train + Lightning loop, and initial_weights_path read once.
+for name in trainer initial_weights; do
+    echo "=== bench_${name}.py ==="
+    "$PY" "bench/bench_${name}.py" || { echo "bench_${name}.py failed" >&2; status=1; }
+done
 exit "$status"
