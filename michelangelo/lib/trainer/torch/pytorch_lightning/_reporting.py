@@ -1,8 +1,10 @@
 """Checkpoint reporting to Ray Train from inside Lightning.
 
-Every report follows one layout: each rank calls ``trainer.save_checkpoint`` into its own
-temp folder as ``checkpoint.ckpt`` and reports it, and Ray merges the rank folders into one
-persisted checkpoint folder (a file for DDP, a folder for sharded strategies).
+Every report follows one layout: every rank calls ``trainer.save_checkpoint`` with the same
+path, ``<tmp>/<checkpoint dir name>/checkpoint.ckpt`` (Lightning broadcasts rank 0's path, so
+the folder must exist under that name on every host). Sharded strategies write each rank's
+shard there; DDP writes one file from rank 0. Local rank 0 of each host then reports the
+folder, and Ray merges the hosts' folders into one persisted checkpoint folder.
 
 When the user gave a ``ModelCheckpoint``, a report follows each of its saves (so its
 ``monitor`` decides when, and Ray's ``checkpoint_score_attribute`` sees the same metric);
@@ -74,17 +76,22 @@ class Reporter:
         self.last_step = trainer.global_step
         name = trainer.strategy.broadcast(_dir_name() if trainer.is_global_zero else None, src=0)
         metrics = self.metrics(trainer)
-        tmp = tempfile.mkdtemp(prefix=f"michelangelo-ckpt-rank{trainer.global_rank}-")
+        # The same folder name on every rank and host; `name` is unique to this report.
+        tmp = os.path.join(tempfile.gettempdir(), f"michelangelo-{name}")
+        os.makedirs(tmp, exist_ok=True)
+        reports = ray.train.get_context().get_local_rank() == 0
         try:
             trainer.save_checkpoint(os.path.join(tmp, CHECKPOINT_NAME), weights_only=False)
+            trainer.strategy.barrier()  # every shard on this host is written
             ray.train.report(
                 metrics,
-                checkpoint=ray.train.Checkpoint.from_directory(tmp),
+                checkpoint=ray.train.Checkpoint.from_directory(tmp) if reports else None,
                 checkpoint_dir_name=name,
             )
             trainer.strategy.barrier()
         finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            if reports:
+                shutil.rmtree(tmp, ignore_errors=True)
         path = posixpath.join(self.experiment_dir, name) if self.experiment_dir else name
         if self.observer is not None:
             self.observer.on_checkpoint_saved(
