@@ -6,7 +6,7 @@ import enum
 import posixpath
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from michelangelo.uniflow.core._storage import Storage
 
@@ -37,8 +37,25 @@ class RunState(str, enum.Enum):
     INTERRUPTED = "interrupted"
 
 
+class _JsonRecord:
+    """JSON (de)serialisation shared by the records: their ``state`` is stored as text."""
+
+    _STATES: ClassVar[type[enum.Enum]]
+
+    def to_json(self) -> dict:
+        data = asdict(self)  # type: ignore[call-overload]
+        data["state"] = data["state"].value
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict):
+        data = dict(data)
+        data["state"] = cls._STATES(data["state"])
+        return cls(**data)
+
+
 @dataclass
-class TaskRecord:
+class TaskRecord(_JsonRecord):
     call_id: str
     task_name: str
     state: TaskState = TaskState.PENDING
@@ -52,6 +69,7 @@ class TaskRecord:
     output: dict | None = None  # {"io", "folder", "meta"}
     source_run: str | None = None  # the run whose result was reused or cached
     config: str | None = None
+    _STATES: ClassVar[type[enum.Enum]] = TaskState
 
     @property
     def duration_s(self) -> float | None:
@@ -59,20 +77,10 @@ class TaskRecord:
             return None
         return (self.ended or time.time()) - self.started
 
-    def to_json(self) -> dict:
-        data = asdict(self)
-        data["state"] = self.state.value
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict) -> TaskRecord:
-        data = dict(data)
-        data["state"] = TaskState(data["state"])
-        return cls(**data)
 
 
 @dataclass
-class RunRecord:
+class RunRecord(_JsonRecord):
     run_id: str
     workflow: str
     state: RunState = RunState.RUNNING
@@ -83,17 +91,8 @@ class RunRecord:
     error: dict | None = None
     storage_url: str = ""
     tasks: list[str] = field(default_factory=list)  # call ids in call order
+    _STATES: ClassVar[type[enum.Enum]] = RunState
 
-    def to_json(self) -> dict:
-        data = asdict(self)
-        data["state"] = self.state.value
-        return data
-
-    @classmethod
-    def from_json(cls, data: dict) -> RunRecord:
-        data = dict(data)
-        data["state"] = RunState(data["state"])
-        return cls(**data)
 
 
 class RunStore:
