@@ -90,6 +90,22 @@ def share_logger_identity(trainer: Any) -> None:
     setattr(trainer, IDENTITY_ATTR, identity)
 
 
+def _logger_and_files(trainer: Any, profiler_dir: str, kind: str,
+                      logger_class: str) -> tuple[Any, list[str]] | None:
+    """The sink's logger and the files to upload, or None (with a warning) if either is missing."""
+    sink = f"{kind}_profiler_sink"
+    found = _find_logger(trainer, kind)
+    if found is None:
+        logger.warning("%s: the trainer has no %s in `loggers`; add one through "
+                       "lightning_trainer_kwargs['logger']. Nothing uploaded.", sink, logger_class)
+        return None
+    files = list(_files_under(profiler_dir))
+    if not files:
+        logger.warning("%s: no files in %r; nothing uploaded.", sink, profiler_dir)
+        return None
+    return found, files
+
+
 def mlflow_profiler_sink(trainer: Any, profiler_dir: str) -> None:
     """Upload every file under ``profiler_dir`` to the MLflow run of the trainer's ``MLFlowLogger``.
 
@@ -101,15 +117,10 @@ def mlflow_profiler_sink(trainer: Any, profiler_dir: str) -> None:
         trainer: The ``pytorch_lightning.Trainer`` that ran ``fit()``.
         profiler_dir: The node's folder of profiler output.
     """
-    mlflow_logger = _find_logger(trainer, "mlflow")
-    if mlflow_logger is None:
-        logger.warning("mlflow_profiler_sink: the trainer has no MLFlowLogger in `loggers`; "
-                       "add one through lightning_trainer_kwargs['logger']. Nothing uploaded.")
+    found = _logger_and_files(trainer, profiler_dir, "mlflow", "MLFlowLogger")
+    if found is None:
         return
-    files = list(_files_under(profiler_dir))
-    if not files:
-        logger.warning("mlflow_profiler_sink: no files in %r; nothing uploaded.", profiler_dir)
-        return
+    mlflow_logger, files = found
     artifact_path = _node_prefix(trainer)
     if trainer.global_rank == 0:
         client, run_id = mlflow_logger.experiment, mlflow_logger.run_id
@@ -140,15 +151,10 @@ def comet_profiler_sink(trainer: Any, profiler_dir: str) -> None:
         trainer: The ``pytorch_lightning.Trainer`` that ran ``fit()``.
         profiler_dir: The node's folder of profiler output.
     """
-    comet_logger = _find_logger(trainer, "comet")
-    if comet_logger is None:
-        logger.warning("comet_profiler_sink: the trainer has no CometLogger in `loggers`; add "
-                       "one through lightning_trainer_kwargs['logger']. Nothing uploaded.")
+    found = _logger_and_files(trainer, profiler_dir, "comet", "CometLogger")
+    if found is None:
         return
-    files = list(_files_under(profiler_dir))
-    if not files:
-        logger.warning("comet_profiler_sink: no files in %r; nothing uploaded.", profiler_dir)
-        return
+    comet_logger, files = found
     prefix = _node_prefix(trainer)
     if trainer.global_rank == 0:
         experiment = comet_logger.experiment
