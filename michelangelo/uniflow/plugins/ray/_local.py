@@ -10,7 +10,6 @@ Ray Train dispatch waits for them (bounded) through :meth:`wait_for_nodes`.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -23,10 +22,9 @@ import time
 from michelangelo.uniflow.core.errors import ClusterError
 from michelangelo.uniflow.plugins.ray._cluster import ClusterState, RayCluster
 from michelangelo.uniflow.plugins.ray._config import RayTask
+from michelangelo.uniflow.plugins.ray._node_resources import node_resources
 from michelangelo.uniflow.plugins.ray._ports import free_port
 
-_DEFAULT_WORKER_OBJECT_STORE = 256 * 2**20
-_DEFAULT_HEAD_OBJECT_STORE = 512 * 2**20
 _HEAD_START_TIMEOUT_S = 120.0
 _STOP_GRACE_S = 5.0
 
@@ -38,26 +36,7 @@ def _ray_executable() -> str:
 
 def node_arguments(task: RayTask, role: str) -> list[str]:
     """``ray start`` resource flags for the head or a worker node of ``task``."""
-    args = [f"--num-cpus={_cpu_flag(task.parsed(f'{role}_cpu'))}",
-            f"--num-gpus={task.parsed(f'{role}_gpu')}"]
-    memory = task.parsed(f"{role}_memory")
-    if memory is not None:
-        args.append(f"--memory={memory}")
-    default_osm = _DEFAULT_HEAD_OBJECT_STORE if role == "head" else _DEFAULT_WORKER_OBJECT_STORE
-    osm = task.parsed(f"{role}_object_store_memory") or default_osm
-    if memory is not None:
-        osm = min(osm, memory)
-    args.append(f"--object-store-memory={max(osm, 75 * 2**20)}")
-    disk = task.parsed(f"{role}_disk")
-    if disk is not None:
-        # Ray has no disk resource; a custom one lets tasks ask for it and keeps the shape honest.
-        args.append(f"--resources={json.dumps({'disk': disk})}")
-    return args
-
-
-def _cpu_flag(cpus: float) -> str:
-    # Ray start takes whole CPUs; a fractional head ("500m") still needs a slot for the driver.
-    return str(max(int(cpus), 0)) if float(cpus).is_integer() else str(max(int(cpus + 0.999), 1))
+    return node_resources(task, role).start_flags()
 
 
 class LocalRayCluster(RayCluster):

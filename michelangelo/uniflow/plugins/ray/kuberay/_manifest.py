@@ -1,0 +1,189 @@
+"""Render a ``RayTask`` as a KubeRay ``ray.io/v1`` ``RayCluster``.
+
+Every RayTask field reaches the cluster twice: as the container's requests and limits (so the
+Kubernetes scheduler reserves it) and as the resources the Ray node advertises through
+``rayStartParams`` (so Ray schedules on it). Both come from the same ``NodeResources`` the
+local provisioner uses for its ``ray start`` flags.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import time
+from decimal import Decimal
+from typing import Any
+
+from michelangelo.uniflow.plugins.ray._config import RayTask
+from michelangelo.uniflow.plugins.ray._node_resources import NodeResources, node_resources
+
+LABEL_PREFIX = "uniflow.michelangelo.ai"
+RUN_LABEL = f"{LABEL_PREFIX}/run-id"
+TASK_LABEL = f"{LABEL_PREFIX}/task"
+MANAGED_LABEL = f"{LABEL_PREFIX}/managed-by"
+EXPIRES_ANNOTATION = f"{LABEL_PREFIX}/expires-at"
+RUNTIME_ENV_ANNOTATION = f"{LABEL_PREFIX}/runtime-env"
+WORKER_GROUP = "workers"
+DEFAULT_TTL_S = 24 * 3600
+
+# Ports a Ray head serves (KubeRay names them so its head Service exposes them).
+HEAD_PORTS = {"gcs": 6379, "dashboard": 8265, "client": 10001, "serve": 8000}
+
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def default_image() -> str:
+    """The official Ray image matching this client's Ray and Python versions."""
+    import ray
+
+    return f"rayproject/ray:{ray.__version__}-py{sys.version_info.major}{sys.version_info.minor}"
+
+
+def ray_cluster_manifest(
+    task: RayTask,
+    *,
+    name: str,
+    namespace: str = "default",
+    image: str | None = None,
+    labels: dict[str, str] | None = None,
+    storage_secret: str | None = None,
+    ttl_s: float = DEFAULT_TTL_S,
+    now: float | None = None,
+) -> dict[str, Any]:
+    """A ``RayCluster`` with one head and one worker group shaped like ``task``.
+
+    Args:
+        task: The cluster shape.
+        name: The RayCluster's name (a DNS-1123 label, at most 50 characters so that the
+            names KubeRay derives from it stay valid).
+        namespace: Where it is created.
+        image: Container image of every node; defaults to ``rayproject/ray`` at this client's
+            Ray and Python versions, which the cluster must match.
+        labels: Extra labels (for example the uniflow run and task) put on the cluster and
+            its pods.
+        storage_secret: Name of a Secret whose keys become environment variables of every
+            node (storage credentials such as ``AWS_ACCESS_KEY_ID``); values never appear in
+            the manifest.
+        ttl_s: Seconds after which ``michelangelo clusters gc`` may delete the cluster even
+            when its run still looks alive.
+        now: Creation time used for the expiry annotation (defaults to the current time).
+
+    Returns:
+        The manifest as a plain dict, ready for the Kubernetes API.
+
+    Raises:
+        ValueError: If ``name``, ``namespace`` or a label is not valid for Kubernetes.
+    """
+    _check_name("name", name, max_len=50)
+    _check_name("namespace", namespace, max_len=63)
+    all_labels = {MANAGED_LABEL: "uniflow", **(labels or {})}
+    for key, value in all_labels.items():
+        if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
+            raise ValueError(
+                f"labels[{key!r}]={value!r} is not a valid Kubernetes label value (at most 63 "
+                "letters, digits, '-', '_' or '.', starting and ending with a letter or digit)."
+            )
+    image = image or default_image()
+    created = time.time() if now is None else now
+    annotations = {EXPIRES_ANNOTATION: str(int(created + ttl_s))}
+    if task.runtime_env:
+        annotations[RUNTIME_ENV_ANNOTATION] = json.dumps(task.runtime_env, sort_keys=True)
+    env = _environment(task, storage_secret)
+    head = node_resources(task, "head")
+    worker = node_resources(task, "worker")
+    head_params = {**_start_params(head), "dashboard-host": "0.0.0.0"}
+    import ray
+
+    spec: dict[str, Any] = {
+        "rayVersion": ray.__version__,
+        "enableInTreeAutoscaling": False,
+        "headGroupSpec": {
+            "rayStartParams": head_params,
+            "template": _pod_template(head, "ray-head", image, all_labels, env, head=True),
+        },
+        "workerGroupSpecs": [],
+    }
+    if task.worker_instances > 0:
+        spec["workerGroupSpecs"].append({
+            "groupName": WORKER_GROUP,
+            "replicas": task.worker_instances,
+            "minReplicas": task.worker_instances,
+            "maxReplicas": task.worker_instances,
+            "rayStartParams": _start_params(worker),
+            "template": _pod_template(worker, "ray-worker", image, all_labels, env, head=False),
+        })
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": dict(all_labels),
+            "annotations": annotations,
+        },
+        "spec": spec,
+    }
+
+
+def _start_params(node: NodeResources) -> dict[str, str]:
+    params = node.start_params()
+    if "resources" in params:
+        # KubeRay pastes each parameter into the node's shell command line, so the JSON map
+        # must arrive as one double-quoted word.
+        params["resources"] = json.dumps(params["resources"])
+    return params
+
+
+def container_resources(node: NodeResources) -> dict[str, dict[str, str]]:
+    """Kubernetes requests and limits (equal: the node gets what Ray will advertise)."""
+    amounts = {"cpu": _cpu_quantity(node.cpus)}
+    if node.memory is not None:
+        amounts["memory"] = str(node.memory)
+    if node.gpus:
+        amounts["nvidia.com/gpu"] = str(node.gpus)
+    if node.disk is not None:
+        amounts["ephemeral-storage"] = str(node.disk)
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def _pod_template(node: NodeResources, container: str, image: str, labels: dict[str, str],
+                  env: dict[str, Any], *, head: bool) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "name": container,
+        "image": image,
+        "resources": container_resources(node),
+        **env,
+    }
+    if head:
+        spec["ports"] = [{"name": port_name, "containerPort": port}
+                         for port_name, port in HEAD_PORTS.items()]
+    return {"metadata": {"labels": dict(labels)}, "spec": {"containers": [spec]}}
+
+
+def _environment(task: RayTask, storage_secret: str | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    env_vars = (task.runtime_env or {}).get("env_vars") or {}
+    if env_vars:
+        out["env"] = [{"name": str(k), "value": str(v)} for k, v in sorted(env_vars.items())]
+    if storage_secret:
+        _check_name("storage_secret", storage_secret, max_len=253)
+        out["envFrom"] = [{"secretRef": {"name": storage_secret}}]
+    return out
+
+
+def _cpu_quantity(cpus: float) -> str:
+    value = Decimal(str(cpus))
+    if value == value.to_integral_value():
+        return str(int(value))
+    return f"{int(value * 1000)}m"
+
+
+def _check_name(field: str, value: Any, *, max_len: int) -> None:
+    if not isinstance(value, str) or len(value) > max_len or not _NAME.match(value):
+        raise ValueError(
+            f"{field}={value!r} is not a valid Kubernetes name: use at most {max_len} lower-case "
+            "letters, digits and '-', starting and ending with a letter or digit "
+            "(e.g. 'uf-20261129-train')."
+        )

@@ -1,0 +1,143 @@
+"""``ray_cluster_manifest``: every RayTask field reaches the RayCluster, which the CRD accepts."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import ray
+
+from michelangelo.uniflow.plugins.ray import RayTask
+from michelangelo.uniflow.plugins.ray._local import node_arguments
+from michelangelo.uniflow.plugins.ray.kuberay import ray_cluster_manifest
+from tests.uniflow.plugins.ray.kuberay._crd_schema import problems
+
+# A matrix that exercises every field: GPUs, disk and object store included (the fields
+# Michelangelo's own RayTask drops on the way to the cluster), fractional CPUs, no memory.
+TASKS = {
+    "cpu-only": RayTask(head_cpu=2, head_memory="8Gi", worker_cpu=4, worker_memory="16Gi",
+                        worker_instances=4),
+    "gpu-disk-store": RayTask(head_cpu=1, head_memory="4Gi", head_gpu=0, head_disk="20Gi",
+                              head_object_store_memory="1Gi", worker_cpu=8,
+                              worker_memory="64Gi", worker_gpu=2, worker_disk="100Gi",
+                              worker_object_store_memory="8Gi", worker_instances=2),
+    "head-gpu-fractional": RayTask(head_cpu="500m", head_gpu=1, head_memory="2Gi",
+                                   worker_instances=0),
+    "no-memory": RayTask(head_cpu=1, worker_cpu=2, worker_instances=1),
+    "runtime-env": RayTask(head_cpu=1, worker_cpu=1, worker_instances=1,
+                           runtime_env={"env_vars": {"MODE": "fast"}, "pip": ["einops"]}),
+}
+
+
+def _render(task: RayTask, **kwargs):
+    return ray_cluster_manifest(task, name="uf-run-train", labels={
+        "uniflow.michelangelo.ai/run-id": "20261129-101010-abcdef",
+        "uniflow.michelangelo.ai/task": "train"}, now=1_000_000.0, **kwargs)
+
+
+def _flags_as_params(flags: list[str]) -> dict[str, str]:
+    return dict(flag[2:].split("=", 1) for flag in flags)
+
+
+def _group(manifest, role):
+    spec = manifest["spec"]
+    return spec["headGroupSpec"] if role == "head" else spec["workerGroupSpecs"][0]
+
+
+@pytest.mark.parametrize("label", sorted(TASKS))
+def test_manifest_is_valid_against_the_kuberay_crd(label):
+    assert problems(_render(TASKS[label], storage_secret="uf-storage")) == []
+
+
+@pytest.mark.parametrize("label", sorted(TASKS))
+def test_no_field_is_dropped(label):
+    task = TASKS[label]
+    manifest = _render(task)
+    roles = ["head"] + (["worker"] if task.worker_instances else [])
+    assert len(manifest["spec"]["workerGroupSpecs"]) == (1 if task.worker_instances else 0)
+    for role in roles:
+        group = _group(manifest, role)
+        container = group["template"]["spec"]["containers"][0]
+        requests, limits = container["resources"]["requests"], container["resources"]["limits"]
+        assert requests == limits
+        params = group["rayStartParams"]
+        assert float(params["num-cpus"]) >= task.parsed(f"{role}_cpu")
+        cpu = requests["cpu"]
+        cpus = int(cpu[:-1]) / 1000 if cpu.endswith("m") else int(cpu)
+        assert cpus == task.parsed(f"{role}_cpu")
+        gpus = task.parsed(f"{role}_gpu")
+        assert params["num-gpus"] == str(gpus)
+        assert requests.get("nvidia.com/gpu") == (str(gpus) if gpus else None)
+        memory = task.parsed(f"{role}_memory")
+        assert requests.get("memory") == (str(memory) if memory is not None else None)
+        assert params.get("memory") == (str(memory) if memory is not None else None)
+        disk = task.parsed(f"{role}_disk")
+        assert requests.get("ephemeral-storage") == (str(disk) if disk is not None else None)
+        if disk is not None:
+            assert json.loads(json.loads(params["resources"])) == {"disk": disk}
+        store = task.parsed(f"{role}_object_store_memory")
+        if store is not None:
+            assert params["object-store-memory"] == str(store)
+    if task.worker_instances:
+        worker = _group(manifest, "worker")
+        assert worker["replicas"] == worker["minReplicas"] == worker["maxReplicas"] \
+            == task.worker_instances
+    if task.runtime_env:
+        annotations = manifest["metadata"]["annotations"]
+        assert json.loads(annotations["uniflow.michelangelo.ai/runtime-env"]) == task.runtime_env
+        env = _group(manifest, "head")["template"]["spec"]["containers"][0]["env"]
+        assert {"name": "MODE", "value": "fast"} in env
+
+
+@pytest.mark.parametrize("label", sorted(TASKS))
+def test_local_flags_and_manifest_advertise_the_same_resources(label):
+    task = TASKS[label]
+    manifest = _render(task)
+    for role in ["head"] + (["worker"] if task.worker_instances else []):
+        params = dict(_group(manifest, role)["rayStartParams"])
+        params.pop("dashboard-host", None)
+        if "resources" in params:
+            params["resources"] = json.loads(params["resources"])  # undo the shell quoting
+        assert params == _flags_as_params(node_arguments(task, role))
+
+
+def test_metadata_ties_the_cluster_to_its_run():
+    manifest = _render(TASKS["cpu-only"], storage_secret="uf-storage")
+    labels = manifest["metadata"]["labels"]
+    assert labels["uniflow.michelangelo.ai/run-id"] == "20261129-101010-abcdef"
+    assert labels["uniflow.michelangelo.ai/task"] == "train"
+    assert labels["uniflow.michelangelo.ai/managed-by"] == "uniflow"
+    assert manifest["metadata"]["annotations"]["uniflow.michelangelo.ai/expires-at"] == str(
+        1_000_000 + 24 * 3600)
+    assert manifest["spec"]["rayVersion"] == ray.__version__
+    for role in ("head", "worker"):
+        template = _group(manifest, role)["template"]
+        assert template["metadata"]["labels"] == labels
+        container = template["spec"]["containers"][0]
+        assert container["envFrom"] == [{"secretRef": {"name": "uf-storage"}}]
+        assert container["image"].startswith(f"rayproject/ray:{ray.__version__}-py3")
+
+
+def test_the_schema_check_catches_bad_types_and_unknown_fields():
+    manifest = _render(TASKS["cpu-only"])
+    wrong_type = copy.deepcopy(manifest)
+    wrong_type["spec"]["workerGroupSpecs"][0]["replicas"] = "four"
+    assert any("replicas" in p for p in problems(wrong_type))
+    unknown = copy.deepcopy(manifest)
+    unknown["spec"]["headGroupSpec"]["rayStartParam"] = {"num-cpus": "1"}
+    assert any("rayStartParam:" in p for p in problems(unknown))
+    missing = copy.deepcopy(manifest)
+    del missing["spec"]["headGroupSpec"]["template"]
+    assert any("template" in p for p in problems(missing))
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"name": "Train_Run"}, "name='Train_Run'"),
+    ({"name": "x" * 51}, "name="),
+    ({"name": "ok", "namespace": "-bad"}, "namespace='-bad'"),
+    ({"name": "ok", "labels": {"a/b": "not valid!"}}, "labels['a/b']"),
+])
+def test_bad_names_are_refused_with_the_field(kwargs, field):
+    with pytest.raises(ValueError, match=field.replace("[", r"\[").replace("(", r"\(")):
+        ray_cluster_manifest(TASKS["no-memory"], **kwargs)
