@@ -1,0 +1,28 @@
+"""Model registry: versioned, lineage-carrying model revisions on any fsspec storage.
+
+Public names only; the implementation lives in the underscored modules next to this file.
+"""
+
+from michelangelo.lib.model_registry._errors import (
+    ModelRegistryError,
+    RevisionNotFoundError,
+    WeightsIntegrityError,
+)
+from michelangelo.lib.model_registry._registry import (
+    ENV_REGISTRY_URL,
+    ModelRegistry,
+    registry_url,
+)
+from michelangelo.lib.model_registry._revision import Revision
+from michelangelo.lib.model_registry._spec import parse_model_spec
+
+__all__ = [
+    "ENV_REGISTRY_URL",
+    "ModelRegistry",
+    "ModelRegistryError",
+    "Revision",
+    "RevisionNotFoundError",
+    "WeightsIntegrityError",
+    "parse_model_spec",
+    "registry_url",
+]
