@@ -17,6 +17,10 @@ from typing import Any
 
 from michelangelo.lib.trainer.torch.pytorch_lightning._data import SizedBatches, rows_per_worker
 from michelangelo.lib.trainer.torch.pytorch_lightning._freeze import freeze_layers
+from michelangelo.lib.trainer.torch.pytorch_lightning._inmemory_data import (
+    InMemoryBatches,
+    drain_shard,
+)
 from michelangelo.lib.trainer.torch.pytorch_lightning._lightning_kwargs import ResolvedKwargs
 from michelangelo.lib.trainer.torch.pytorch_lightning._reporting import (
     CHECKPOINT_NAME,
@@ -54,6 +58,12 @@ class WorkerSpec:
     seed_checkpoint: str | None
     profiler_sink: Callable[[Any, str], Any] | None
     global_batch_size: int
+    # In-memory ingest (see _inmemory_data): decided on the driver, the same for every rank.
+    in_memory: bool = False
+    shuffle_seed: int = 0
+    # Console and run record (see _progress, _metrics_record); None turns each off.
+    progress_key: str | None = None
+    metrics_url: str | None = None
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -109,9 +119,11 @@ def _build_model(spec: WorkerSpec, rank: int, world_size: int) -> Any:
     return model
 
 
-def _iterables(spec: WorkerSpec, world_size: int) -> tuple[SizedBatches, SizedBatches | None]:
+def _iterables(spec: WorkerSpec, world_size: int) -> tuple[Any, Any]:
     import ray.train
 
+    if spec.in_memory:
+        return _in_memory_iterables(spec)
     train = SizedBatches(
         ray.train.get_dataset_shard("train"),
         rows_per_worker(spec.train_rows, world_size),
@@ -131,6 +143,27 @@ def _iterables(spec: WorkerSpec, world_size: int) -> tuple[SizedBatches, SizedBa
     return train, val
 
 
+def _in_memory_iterables(spec: WorkerSpec) -> tuple[InMemoryBatches, InMemoryBatches | None]:
+    """Drain this worker's shards once; batches then come from memory every epoch."""
+    import ray.train
+    from ray.train.torch import get_device
+
+    rank = ray.train.get_context().get_world_rank()
+    pin = get_device().type == "cuda"  # pinned host memory speeds up the copies to the GPU
+    train = InMemoryBatches(
+        drain_shard(ray.train.get_dataset_shard("train")), spec.batch_size,
+        shuffle=spec.shuffle_buffer_rows is not None, seed=spec.shuffle_seed, rank=rank,
+        collate_fn=spec.collate_fn, pin_memory=pin,
+    )
+    val = None
+    if spec.val_rows is not None:
+        val = InMemoryBatches(
+            drain_shard(ray.train.get_dataset_shard("val")), spec.batch_size, shuffle=False,
+            rank=rank, collate_fn=spec.collate_fn, pin_memory=pin,
+        )
+    return train, val
+
+
 def _build_trainer(spec: WorkerSpec, context: Any) -> tuple[Any, str]:
     import pytorch_lightning as pl
     from ray.train.lightning import RayLightningEnvironment, prepare_trainer
@@ -142,6 +175,7 @@ def _build_trainer(spec: WorkerSpec, context: Any) -> tuple[Any, str]:
                         {"global_batch_size": spec.global_batch_size})
     if not report_on_model_checkpoint(callbacks, reporter):
         callbacks.append(EpochEndReport(reporter))
+    callbacks += _observing_callbacks(spec, context)
     plugins = kwargs.pop("plugins", None) or []
     plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
     plugins.append(RayLightningEnvironment())
@@ -164,6 +198,20 @@ def _build_trainer(spec: WorkerSpec, context: Any) -> tuple[Any, str]:
     if resolved.strategy.ray_prepared:
         trainer = prepare_trainer(trainer)
     return trainer, profiler_dir
+
+
+def _observing_callbacks(spec: WorkerSpec, context: Any) -> list[Any]:
+    """The run's own bookkeeping: live progress and the metrics record (rank 0 acts)."""
+    from michelangelo.lib.trainer.torch.pytorch_lightning._metrics_record import MetricsRecord
+    from michelangelo.lib.trainer.torch.pytorch_lightning._progress import ProgressReport
+
+    callbacks: list[Any] = []
+    if spec.metrics_url:
+        callbacks.append(MetricsRecord(spec.metrics_url))
+    if spec.progress_key:
+        rows = spec.batch_size * context.get_world_size()
+        callbacks.append(ProgressReport(spec.progress_key, rows))
+    return callbacks
 
 
 @contextlib.contextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from typing import Any
@@ -10,6 +11,10 @@ from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from michelangelo.lib.trainer.torch.pytorch_lightning._freeze import frozen_names
+from michelangelo.lib.trainer.torch.pytorch_lightning._inmemory_data import (
+    plan_ingest,
+    shuffle_seed,
+)
 from michelangelo.lib.trainer.torch.pytorch_lightning._lightning_kwargs import (
     resolve_lightning_kwargs,
 )
@@ -77,6 +82,9 @@ class LightningTrainer(TorchTrainer):
             check_weights_path(trainer_param.initial_weights_path)
         self._preflight_model(scaling_config)
         self._resume_plan = plan_resume(run_config, trainer_param.experiment_store)
+        self._ingest = plan_ingest(trainer_param.train_data, trainer_param.val_data,
+                                   scaling_config)
+        logger.info("LightningTrainer data ingest: %s", self._ingest.reason)
         datasets = {"train": trainer_param.train_data}
         if trainer_param.val_data is not None:
             datasets["val"] = trainer_param.val_data
@@ -110,8 +118,14 @@ class LightningTrainer(TorchTrainer):
             "accumulate_grad_batches %d)", self.global_batch_size,
             self.trainer_param.batch_size, self._resolved.accumulate_grad_batches,
         )
-        self.train_loop_config = {"spec": self._worker_spec()}
-        return super().fit()
+        from michelangelo.lib.trainer.torch.pytorch_lightning._progress import watch_progress
+
+        with watch_progress(_progress_label()) as progress_key:
+            spec = self._worker_spec()
+            spec = dataclasses.replace(spec, progress_key=progress_key,
+                                       metrics_url=_metrics_url(self.run_config, spec))
+            self.train_loop_config = {"spec": spec}
+            return super().fit()
 
     def train(self, run_config: RunConfig | None = None) -> dict[str, Any]:
         """Run training and return ``{"checkpoint_path", "path", "metrics"}``.
@@ -179,7 +193,13 @@ class LightningTrainer(TorchTrainer):
 
     def _worker_spec(self) -> WorkerSpec:
         param = self.trainer_param
-        val_rows = param.val_data.count() if param.val_data is not None else None
+        in_memory = self._ingest.in_memory
+        # In memory, each worker counts its own shard as it reads it: counting on the driver
+        # would execute a lazy dataset once more before the workers read it.
+        train_rows = 0 if in_memory else param.train_data.count()
+        val_rows = None
+        if param.val_data is not None:
+            val_rows = 0 if in_memory else param.val_data.count()
         return WorkerSpec(
             create_model_fn=param.create_model_fn,
             create_model_fn_kwargs=dict(param.create_model_fn_kwargs),
@@ -187,7 +207,7 @@ class LightningTrainer(TorchTrainer):
             shuffle_buffer_rows=param.shuffle_buffer_rows,
             collate_fn=param.data_collate_fn,
             resolved=self._resolved,
-            train_rows=param.train_data.count(),
+            train_rows=train_rows,
             val_rows=val_rows,
             initial_weights_path=param.initial_weights_path,
             transfer_learning_spec=param.transfer_learning_spec,
@@ -199,4 +219,26 @@ class LightningTrainer(TorchTrainer):
             seed_checkpoint=self._resume_plan.seed_checkpoint,
             profiler_sink=param.profiler_sink,
             global_batch_size=self.global_batch_size,
+            in_memory=in_memory,
+            shuffle_seed=shuffle_seed(experiment_dir_of(self.run_config)),
         )
+
+
+def _progress_label() -> str:
+    from michelangelo.uniflow.core import current_call
+
+    call = current_call()
+    return call.call_id if call is not None else "training"
+
+
+def _metrics_url(run_config: RunConfig, spec: WorkerSpec) -> str | None:
+    """Where the metrics record goes: the task's folder in the run, else the experiment's."""
+    from michelangelo.uniflow.core import current_call, record_artifact
+
+    call = current_call()
+    name = run_config.name or "training"
+    if call is not None:
+        relative = f"metrics/{name}-attempt-{call.attempt}.jsonl"
+        record_artifact("metrics", name=name, path=relative)
+        return f"{call.scratch_url}/{relative}"
+    return f"{spec.experiment_dir}/metrics.jsonl" if spec.experiment_dir else None

@@ -1,0 +1,303 @@
+"""In-memory ingest: the path decision, batches, collate formats, resume, and end-to-end runs."""
+
+from __future__ import annotations
+
+import glob
+import importlib.util
+import json
+import os
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import pytorch_lightning as pl
+import ray
+import torch
+from _models import make_regression_datasets, ship_by_value, start_test_ray
+from ray.data.collate_fn import ArrowBatchCollateFn, NumpyBatchCollateFn, PandasBatchCollateFn
+from ray.train import RunConfig, ScalingConfig
+
+from michelangelo.lib.trainer.torch.pytorch_lightning import (
+    LightningTrainer,
+    LightningTrainerParam,
+)
+from michelangelo.lib.trainer.torch.pytorch_lightning._data import SizedBatches
+from michelangelo.lib.trainer.torch.pytorch_lightning._inmemory_data import (
+    ENV_MAX_BYTES,
+    ENV_SWITCH,
+    InMemoryBatches,
+    drain_shard,
+    known_size_bytes,
+    plan_ingest,
+    shuffle_seed,
+)
+
+ship_by_value(__name__)
+
+_QUICKSTART = os.path.join(os.path.dirname(__file__), *[os.pardir] * 5, "examples",
+                           "quickstart", "workflow.py")
+
+
+def _load_quickstart():
+    spec = importlib.util.spec_from_file_location("quickstart_workflow_for_tests", _QUICKSTART)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # cloudpickle ships only modules it can find by name
+    spec.loader.exec_module(module)
+    ship_by_value(module)
+    return module
+
+
+quickstart = _load_quickstart()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster():
+    start_test_ray(num_cpus=4)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for name in (ENV_SWITCH, ENV_MAX_BYTES, "PL_GLOBAL_SEED"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def id_table(rows: int) -> pa.Table:
+    rng = np.random.default_rng(0)
+    return pa.table({"id": np.arange(rows), "x": rng.normal(size=rows).astype(np.float32)})
+
+
+def ids(batches) -> list[int]:
+    return [int(i) for b in batches for i in b["id"]]
+
+
+# --- the decision, on the driver ---------------------------------------------------------
+
+
+def scaling(workers: int = 2, memory: int | None = None) -> ScalingConfig:
+    return ScalingConfig(num_workers=workers,
+                         resources_per_worker={"CPU": 1, **({"memory": memory} if memory else {})})
+
+
+def test_threshold_decides_from_known_size_and_worker_memory(monkeypatch):
+    train, val = make_regression_datasets(64, 16)
+    train, val = train.materialize(), val.materialize()
+    size = known_size_bytes(train) + known_size_bytes(val)
+    assert size > 0
+    shard = -(-size // 2)
+    # 25% of the declared worker memory against the per-worker shard.
+    assert plan_ingest(train, val, scaling(memory=4 * shard)).in_memory
+    plan = plan_ingest(train, val, scaling(memory=4 * shard - 8))
+    assert not plan.in_memory and "streaming" in plan.reason and f"{shard:,}" in plan.reason
+    monkeypatch.setenv(ENV_MAX_BYTES, str(shard))
+    assert plan_ingest(train, val, scaling(memory=8)).in_memory
+    monkeypatch.setenv(ENV_MAX_BYTES, str(shard - 1))
+    assert not plan_ingest(train, val, scaling(memory=10**12)).in_memory
+
+
+def test_switch_forces_either_path_and_bad_values_name_the_variable(monkeypatch):
+    train, _ = make_regression_datasets(32, 8)
+    train = train.materialize()
+    monkeypatch.setenv(ENV_SWITCH, "0")
+    assert not plan_ingest(train, None, scaling(memory=10**12)).in_memory
+    monkeypatch.setenv(ENV_SWITCH, "1")
+    monkeypatch.setenv(ENV_MAX_BYTES, "1")
+    assert plan_ingest(train, None, scaling()).in_memory
+    monkeypatch.setenv(ENV_SWITCH, "sometimes")
+    with pytest.raises(ValueError, match=f"{ENV_SWITCH}='sometimes'.*Fix"):
+        plan_ingest(train, None, scaling())
+    monkeypatch.setenv(ENV_SWITCH, "auto")
+    monkeypatch.setenv(ENV_MAX_BYTES, "two gigs")
+    with pytest.raises(ValueError, match=f"{ENV_MAX_BYTES}='two gigs'.*Fix"):
+        plan_ingest(train, None, scaling())
+
+
+def test_unknown_size_streams_without_executing_the_dataset():
+    lazy = ray.data.range(1000).map_batches(lambda b: {"id": b["id"] * 2})
+    assert known_size_bytes(lazy) is None
+    plan = plan_ingest(lazy, None, scaling(memory=10**12))
+    assert not plan.in_memory and "unknown" in plan.reason
+
+
+def test_shuffle_seed_is_stable_per_run_and_follows_seed_everything(monkeypatch):
+    assert shuffle_seed("/runs/a") == shuffle_seed("/runs/a") != shuffle_seed("/runs/b")
+    monkeypatch.setenv("PL_GLOBAL_SEED", "7")
+    assert shuffle_seed("/runs/a") == shuffle_seed(None) == 7
+
+
+# --- batches ------------------------------------------------------------------------------
+
+
+def test_every_row_once_per_epoch_new_order_each_epoch_exact_length():
+    data = InMemoryBatches(id_table(50), 8, shuffle=True, seed=3)
+    assert len(data) == 7
+    epochs = []
+    for epoch in range(3):
+        data.sampler.set_epoch(epoch)
+        batches = list(data)
+        assert len(batches) == len(data) and [len(b["id"]) for b in batches][-1] == 2
+        epochs.append(ids(batches))
+        assert sorted(epochs[-1]) == list(range(50))
+    assert len({tuple(e) for e in epochs}) == 3
+    data.sampler.set_epoch(1)  # a resumed epoch replays the same order
+    assert ids(data) == epochs[1]
+    assert ids(InMemoryBatches(id_table(50), 8, shuffle=True, seed=3, rank=1)) != epochs[0]
+    assert ids(InMemoryBatches(id_table(50), 8, shuffle=False)) == list(range(50))
+    assert len(InMemoryBatches(id_table(50), 8, shuffle=False, drop_last=True)) == 6
+
+
+def test_batches_kept_from_an_epoch_survive_the_next():
+    data = InMemoryBatches(id_table(16), 8, shuffle=True)
+    first = next(iter(data))
+    kept = first["id"].clone()
+    data.sampler.set_epoch(1)
+    list(data)
+    assert torch.equal(first["id"], kept)
+
+
+class NumpyCollate(NumpyBatchCollateFn):
+    def __call__(self, batch):
+        return ("numpy", type(batch).__name__, sorted(batch), type(batch["x"]).__name__)
+
+
+class ArrowCollate(ArrowBatchCollateFn):
+    def __call__(self, batch):
+        return ("arrow", type(batch).__name__, batch.column_names, batch.num_rows)
+
+
+class PandasCollate(PandasBatchCollateFn):
+    def __call__(self, batch):
+        return ("pandas", type(batch).__name__, list(batch.columns), list(batch.index))
+
+
+def plain_collate(batch):
+    return ("plain", type(batch).__name__, sorted(batch), batch["x"].dtype.str)
+
+
+@pytest.mark.parametrize("collate_fn", [None, plain_collate, NumpyCollate(), ArrowCollate(),
+                                        PandasCollate()])
+def test_collate_fn_sees_what_the_streaming_path_gives_it(collate_fn):
+    train, _ = make_regression_datasets(32, 8)
+    train = train.materialize()
+    streamed = list(SizedBatches(train.iterator(), 32, 8, collate_fn=collate_fn))
+    in_memory = list(InMemoryBatches(drain_shard(train.iterator()), 8, shuffle=False,
+                                     collate_fn=collate_fn))
+    assert len(streamed) == len(in_memory) == 4
+    if collate_fn is None:
+        for s, m in zip(streamed, in_memory, strict=True):
+            assert s.keys() == m.keys()
+            for key in s:
+                assert s[key].dtype == m[key].dtype and torch.equal(s[key], m[key])
+    else:
+        assert streamed == in_memory
+
+
+# --- resume through a real Lightning checkpoint ---------------------------------------------
+
+
+class IdModel(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.seen: dict[int, list[int]] = {}
+
+    def training_step(self, batch, batch_idx):
+        self.seen.setdefault(self.current_epoch, []).extend(int(i) for i in batch["id"])
+        return ((self.w - batch["x"].float()) ** 2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def fit(epochs: int, ckpt_path=None, save_to=None) -> dict[int, list[int]]:
+    model = IdModel()
+    trainer = pl.Trainer(max_epochs=epochs, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         accelerator="cpu", devices=1)
+    trainer.fit(model, train_dataloaders=InMemoryBatches(id_table(40), 8, shuffle=True, seed=5),
+                ckpt_path=ckpt_path)
+    if save_to:
+        trainer.save_checkpoint(save_to)
+    return model.seen
+
+
+def test_resume_replays_the_uninterrupted_epoch_orders(tmp_path):
+    uninterrupted = fit(3)
+    assert all(sorted(v) == list(range(40)) for v in uninterrupted.values())
+    assert uninterrupted[0] != uninterrupted[1] != uninterrupted[2]
+    ckpt = str(tmp_path / "epoch1.ckpt")
+    assert fit(1, save_to=ckpt) == {0: uninterrupted[0]}
+    assert fit(3, ckpt_path=ckpt) == {1: uninterrupted[1], 2: uninterrupted[2]}
+
+
+# --- end to end: both paths on the quickstart model -------------------------------------------
+
+
+class RecordingRegressor(quickstart.Regressor):
+    """The quickstart model, writing the row ids each rank trains on per epoch."""
+
+    def __init__(self, record_dir: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.record_dir = record_dir
+        self.seen: dict[int, list[int]] = {}
+
+    def training_step(self, batch, batch_idx):
+        self.seen.setdefault(self.current_epoch, []).extend(int(i) for i in batch["id"])
+        return super().training_step(batch, batch_idx)
+
+    def on_train_end(self) -> None:
+        with open(os.path.join(self.record_dir, f"rank{self.global_rank}.json"), "w") as f:
+            json.dump(self.seen, f)
+
+
+def create_recording_model(record_dir: str) -> RecordingRegressor:
+    return RecordingRegressor(record_dir, hidden_dim=32, learning_rate=1e-2)
+
+
+def rows_with_id(batch: dict) -> dict:
+    return {"id": batch["id"], **quickstart._rows(batch)}
+
+
+def train_once(tmp_path, monkeypatch, switch: str, train, val) -> tuple[dict, LightningTrainer]:
+    record_dir = tmp_path / f"records-{switch}"
+    record_dir.mkdir()
+    monkeypatch.setenv(ENV_SWITCH, switch)
+    trainer = LightningTrainer(
+        trainer_param=LightningTrainerParam(
+            create_model_fn=create_recording_model,
+            create_model_fn_kwargs={"record_dir": str(record_dir)},
+            train_data=train, val_data=val, batch_size=32,
+            lightning_trainer_kwargs={"max_epochs": 3, "log_every_n_steps": 10},
+        ),
+        run_config=RunConfig(name=f"ingest-{switch}", storage_path=str(tmp_path / "ray")),
+        scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
+    )
+    result = trainer.train()
+    seen = {}
+    for path in sorted(glob.glob(str(record_dir / "rank*.json"))):
+        with open(path) as handle:
+            seen[path] = {int(k): v for k, v in json.load(handle).items()}
+    return {"val_loss": float(result["metrics"]["val_loss"]), "seen": seen}, trainer
+
+
+def test_both_paths_see_every_row_once_per_epoch_and_reach_the_same_loss(tmp_path, monkeypatch):
+    data = ray.data.range(1600).map_batches(rows_with_id, batch_size=400)
+    train, val = (d.materialize() for d in data.train_test_split(test_size=0.2, seed=0))
+    results = {}
+    for switch in ("1", "0"):
+        results[switch], trainer = train_once(tmp_path, monkeypatch, switch, train, val)
+        assert trainer._ingest.in_memory is (switch == "1")
+    all_ids = sorted(int(i) for i in train.to_pandas()["id"])
+    for switch, result in results.items():
+        assert len(result["seen"]) == 2, switch
+        for epoch in range(3):
+            union = sorted(i for seen in result["seen"].values() for i in seen[epoch])
+            assert union == all_ids, (switch, epoch)  # 1280 rows split evenly in two
+    in_memory = list(results["1"]["seen"].values())[0]
+    assert in_memory[0] != in_memory[1]  # a fresh full shuffle each epoch
+    # The target's noise floor is 0.05^2; both paths land near it and near each other.
+    losses = [results[s]["val_loss"] for s in ("1", "0")]
+    assert max(losses) < 0.03, losses
+    assert abs(losses[0] - losses[1]) < 0.015, losses
