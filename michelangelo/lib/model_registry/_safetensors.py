@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import json
+import os
 import struct
 from collections.abc import Mapping
 from typing import Any
@@ -122,7 +123,16 @@ def _sha256(data: bytes | memoryview) -> str:
     return digest.hexdigest()
 
 
-_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ma-sha256")
+_POOL: concurrent.futures.ThreadPoolExecutor | None = None
+
+
+def _forget_pool() -> None:
+    # A forked child inherits the executor object but not its thread; start a fresh one.
+    global _POOL
+    _POOL = None
+
+
+os.register_at_fork(after_in_child=_forget_pool)
 
 
 def sha256_of(data: bytes | memoryview) -> concurrent.futures.Future[str]:
@@ -131,4 +141,8 @@ def sha256_of(data: bytes | memoryview) -> concurrent.futures.Future[str]:
     Hashing overlaps the caller's write or decode of the same bytes, so the integrity check
     costs little wall time on large weights.
     """
+    global _POOL
+    if _POOL is None:
+        _POOL = concurrent.futures.ThreadPoolExecutor(max_workers=1,
+                                                      thread_name_prefix="ma-sha256")
     return _POOL.submit(_sha256, data)
