@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS := trainer,trainer-deepspeed,trainer-mlflow,trainer-comet,serving,sandbox,dev
+EXTRAS := trainer,trainer-deepspeed,trainer-mlflow,trainer-comet,serving,examples,sandbox,dev
 
 .PHONY: setup demo test bench lint clean
 
