@@ -37,3 +37,25 @@ class TwoInputs(nn.Module):
 
     def forward(self, a: torch.Tensor, b: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"sum": self.lin(a) + self.lin(b), "ids": b.argmax(-1)}
+
+
+def create_lightning(hidden: int = 4, lr: float = 0.05):
+    """A tiny Lightning regressor (``net`` is the inner MLP)."""
+    import pytorch_lightning as pl
+
+    class _Regressor(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = create_mlp(8, hidden)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters(), lr=lr)
+
+    return _Regressor()
