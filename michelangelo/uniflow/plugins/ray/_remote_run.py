@@ -1,0 +1,165 @@
+"""remote-run: every RayTask attempt becomes a Ray job on an existing cluster.
+
+``python wf.py remote-run --ray-address http://HOST:8265`` (or ``michelangelo run FILE:WF
+--ray-address ...``). Per run, once: the address is checked, the client's and the cluster's
+Ray and Python versions are compared, and the project folder is zipped. Per RayTask shape,
+once: the shape is checked against the cluster's live nodes. Per attempt: a job whose
+entrypoint (``_remote_entry``) runs the body from the call description uniflow stored.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sys
+import tempfile
+import uuid
+from typing import Any
+
+from michelangelo.uniflow.core._context import RunOption, register_run_option
+from michelangelo.uniflow.core._remote import RemoteCall
+from michelangelo.uniflow.core._run import Run
+from michelangelo.uniflow.core.errors import UserError
+from michelangelo.uniflow.plugins.ray._config import RayTask
+from michelangelo.uniflow.plugins.ray._jobs import JobFailedError, JobsCluster
+from michelangelo.uniflow.plugins.ray._working_dir import PackedProject, pack_project, project_root
+
+OPTION = "ray_address"
+ENV_JOB_PYTHON = "UF_RAY_JOB_PYTHON"
+ENV_START_GRACE = "UF_RAY_JOB_START_GRACE_S"
+_KEY = "ray.jobs"
+
+
+def address_of(run_options: dict[str, Any]) -> str | None:
+    """``--ray-address``, else ``RAY_ADDRESS`` when it is a dashboard (http) URL."""
+    address = run_options.get(OPTION)
+    if address:
+        return address
+    env = os.environ.get("RAY_ADDRESS", "")
+    return env if env.startswith(("http://", "https://")) else None
+
+
+def _check_option(mode: str, value: Any) -> None:
+    if mode != "remote-run":
+        if value:
+            raise UserError(
+                f"--ray-address {value!r} only applies to remote-run: run "
+                "`python wf.py remote-run --ray-address URL` (the michelangelo CLI switches "
+                "to remote-run by itself when --ray-address is given)."
+            )
+        return
+    address = value or address_of({})
+    if not address:
+        raise UserError(
+            "remote-run needs the Ray cluster's dashboard address: pass --ray-address "
+            "http://HOST:8265 (or set RAY_ADDRESS=http://HOST:8265)."
+        )
+    if not re.match(r"^https?://[^/\s]+", address):
+        raise UserError(
+            f"--ray-address {address!r} is not an http(s) URL. remote-run talks to the Ray Jobs "
+            "API on the dashboard port: write e.g. --ray-address http://10.0.0.5:8265."
+        )
+
+
+register_run_option(RunOption(
+    name=OPTION,
+    flag="--ray-address",
+    metavar="URL",
+    help="remote-run: the Ray dashboard (Jobs API) URL, e.g. http://HOST:8265",
+    check=_check_option,
+))
+
+
+class _RemoteState:
+    """What one run keeps for its remote jobs: the cluster client and the packed project."""
+
+    def __init__(self, run: Run) -> None:
+        address = address_of(run.options)
+        if not address:  # Context checks this; a Run made by hand may still lack it
+            raise UserError("remote-run needs --ray-address http://HOST:8265.")
+        if run.storage.url.startswith("memory://"):
+            raise UserError(
+                f"remote-run with storage {run.storage.url!r}: memory:// lives inside this "
+                "process, so the cluster cannot read inputs or write results there. Use "
+                "--storage-url with a place both can reach (s3://..., gs://..., a shared folder)."
+            )
+        self.cluster = JobsCluster(address)
+        self.cluster.check_versions()
+        self.packed: PackedProject | None = None
+        self._scratch = tempfile.mkdtemp(prefix="uf-remote-")
+
+    def project(self, source_file: str) -> PackedProject:
+        root = project_root(source_file)
+        if self.packed is None or self.packed.root != root:
+            self.packed = pack_project(root, self._scratch)
+        return self.packed
+
+    def close(self) -> None:
+        import shutil
+
+        shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+def _state(run: Run) -> _RemoteState:
+    state = run.resources.get(_KEY)
+    if state is None:
+        state = _RemoteState(run)
+        run.resources[_KEY] = state
+        run.add_cleanup(state.close)
+        run.info(f"remote-run: RayTask bodies run as Ray jobs on {state.cluster.address}")
+    return state
+
+
+def prepare(config: RayTask, run: Run) -> None:
+    """Before an attempt: versions (once per run) and the shape against the live nodes."""
+    _state(run).cluster.check_capacity(config)
+
+
+def submit(config: RayTask, run: Run, call: RemoteCall) -> None:
+    """Run one attempt as a Ray job; its output streams here and into the attempt's log."""
+    state = _state(run)
+    packed = state.project(call.source_file)
+    source = os.path.relpath(call.source_file, packed.root)
+    if source.startswith(".."):
+        raise UserError(
+            f"task {call.task_name!r} is defined in {call.source_file}, outside the project "
+            f"folder {packed.root} that travels to the cluster. Move the file into the project "
+            "or set UF_RAY_WORKING_DIR to a folder that holds both."
+        )
+    runtime_env = dict(config.runtime_env or {})
+    if "working_dir" in runtime_env:
+        raise UserError(
+            f"RayTask(runtime_env={config.runtime_env!r}): remote-run sends the project folder "
+            "as the job's working_dir itself; drop 'working_dir' (use py_modules for more code)."
+        )
+    runtime_env["working_dir"] = packed.zip_path
+    runtime_env["env_vars"] = {"PYTHONUNBUFFERED": "1", **runtime_env.get("env_vars", {})}
+    entrypoint = " ".join([
+        os.environ.get(ENV_JOB_PYTHON, "python"), "-m",
+        "michelangelo.uniflow.plugins.ray._remote_entry",
+        "--storage-url", shlex.quote(call.storage_url),
+        "--call", shlex.quote(call.spec_path),
+        "--source", shlex.quote(source.replace(os.sep, "/")),
+    ])
+    submission_id = f"uniflow-{call.run_id}-{call.call_id}-{call.attempt}-{uuid.uuid4().hex[:6]}"
+    deadline = None
+    if call.timeout:
+        deadline = call.timeout + float(os.environ.get(ENV_START_GRACE, "120"))
+    run.info(f"task {call.call_id} attempt {call.attempt}: Ray job {submission_id}")
+    status, message = state.cluster.run_job(
+        entrypoint=entrypoint, runtime_env=runtime_env, submission_id=submission_id,
+        deadline_s=deadline, echo=_echo,
+    )
+    if status != "SUCCEEDED" and not run.storage.exists(call.result_path):
+        raise JobFailedError(
+            f"Ray job {submission_id} on {state.cluster.address} ended {status} before task "
+            f"{call.task_name!r} recorded a result: {message.strip() or 'no message'}. Its "
+            f"output ends with:\n{state.cluster.logs_tail(submission_id)}"
+        )
+
+
+def _echo(text: str) -> None:
+    # Through sys.stdout: uniflow's capture copies it into the attempt's log as well.
+    sys.stdout.write(text)
+    sys.stdout.flush()

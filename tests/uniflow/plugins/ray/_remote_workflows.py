@@ -1,0 +1,90 @@
+"""Workflows the remote-run tests run as scripts: `python _remote_workflows.py remote-run ...`.
+
+The workflow's arguments come from the environment (the command line belongs to uniflow).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import ray
+
+import michelangelo.uniflow.core as uniflow
+from michelangelo.uniflow.plugins.ray import RayTask
+
+SMALL = RayTask(head_cpu=1, worker_cpu=1, worker_instances=1)
+
+
+def _where() -> dict:
+    return {"pid": os.getpid(), "node": ray.get_runtime_context().get_node_id(),
+            "cwd": os.getcwd()}
+
+
+@uniflow.task(config=SMALL, retries=1)
+def flaky(marker: str) -> dict:
+    """Fails on its first attempt (it leaves a marker), succeeds on the second."""
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        raise RuntimeError("flaky: first attempt fails on purpose")
+    return {"value": ray.get(ray.remote(lambda: 41).remote()) + 1, **_where()}
+
+
+@uniflow.task(config=SMALL, cache=True)
+def cached(x: int) -> dict:
+    print(f"cached body runs for x={x}")
+    return {"x": x, **_where()}
+
+
+class FlagMissing(ValueError):
+    """A user exception type defined in the workflow file."""
+
+
+@uniflow.task(config=SMALL)
+def fragile(flag: str) -> str:
+    print(f"fragile looks for {flag}")
+    if not os.path.exists(flag):
+        raise FlagMissing(f"flag file {flag} is missing")
+    return "fragile ok"
+
+
+@uniflow.task(config=SMALL)
+def sleeper(seconds: float) -> str:
+    print("sleeper started", flush=True)
+    time.sleep(seconds)
+    return "slept"
+
+
+@uniflow.task(config=RayTask(head_cpu=1, worker_cpu=64, worker_instances=1))
+def huge() -> str:
+    return "never runs: no node of the test cluster has 64 CPUs"
+
+
+@uniflow.workflow()
+def too_big() -> str:
+    return huge()
+
+
+@uniflow.workflow()
+def features(marker: str, flag: str) -> dict:
+    first = flaky(marker)
+    second = cached(7)
+    third = cached(7)  # same code and inputs: served from the cache the call above filled
+    return {"flaky": first, "cached": [second, third], "fragile": fragile(flag)}
+
+
+@uniflow.workflow()
+def slow(seconds: float) -> str:
+    return sleeper(seconds)
+
+
+if __name__ == "__main__":
+    context = uniflow.create_context()
+    if os.environ.get("WF") == "slow":
+        result = context.run(slow, float(os.environ["WF_SECONDS"]))
+    elif os.environ.get("WF") == "huge":
+        result = context.run(too_big)
+    else:
+        result = context.run(features, os.environ["WF_MARKER"], os.environ["WF_FLAG"])
+    print(f"run id: {context.last_run_id}")
+    print(f"result: {result!r}")
