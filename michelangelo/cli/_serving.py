@@ -1,0 +1,136 @@
+"""``michelangelo cluster up|status|down``, ``serve``, ``deployments list|delete``."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+
+import click
+
+
+@click.group("cluster")
+def cluster() -> None:
+    """A long-lived local Ray cluster that runs and deployments attach to."""
+
+
+@cluster.command("up")
+@click.option("--cpus", default=2.0, show_default=True, help="logical CPUs per node")
+@click.option("--workers", default=2, show_default=True, help="worker nodes besides the head")
+@click.option("--memory", default="4Gi", show_default=True, help="logical memory per node")
+def cluster_up(cpus: float, workers: int, memory: str) -> None:
+    """Start the cluster and record where runs find it."""
+    from michelangelo.uniflow.plugins.ray import RayTask, _standing
+
+    task = RayTask(head_cpu=cpus, head_memory=memory, worker_cpu=cpus, worker_memory=memory,
+                   worker_instances=workers)
+    click.echo(f"starting {task.describe()} ...")
+    standing = _standing.up(task)
+    click.echo(f"cluster up at {standing.address} (recorded in {_standing.state_file()})")
+    click.echo(f"dashboard: {standing.dashboard_url}")
+    click.echo("runs and deployments now use it; stop it with `michelangelo cluster down`")
+
+
+@cluster.command("status")
+def cluster_status() -> None:
+    """Whether the cluster is up, where, and what it serves."""
+    from michelangelo.uniflow.plugins.ray import _standing
+
+    standing = _standing.read()
+    if standing is None:
+        click.echo("no cluster is up (start one with `michelangelo cluster up`)")
+        return
+    if not standing.alive():
+        click.echo(f"the cluster recorded in {_standing.state_file()} is gone; "
+                   "`michelangelo cluster down` clears the record")
+        raise SystemExit(1)
+    up_for = time.time() - standing.started_at
+    click.echo(f"cluster up at {standing.address} for {up_for:.0f}s, "
+               f"{len(standing.node_pids)} node(s): {standing.ray_task().describe()}")
+    click.echo(f"dashboard: {standing.dashboard_url}")
+
+
+@cluster.command("down")
+def cluster_down() -> None:
+    """Stop the cluster's processes (only its own) and clear the record."""
+    from michelangelo.uniflow.plugins.ray import _standing
+
+    stopped = _standing.down()
+    if stopped is None:
+        click.echo("no cluster is up")
+        return
+    click.echo(f"stopped the cluster at {stopped.address} ({len(stopped.node_pids)} node(s))")
+
+
+@click.command("serve")
+@click.argument("spec")
+@click.option("--port", default=8000, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--name", default=None, help="deployment name (default PROJECT-MODEL)")
+@click.option("--replicas", default=1, show_default=True)
+@click.option("--registry", default=None, help="registry root URL (default: $MA_MODEL_REGISTRY_URL)")
+def serve_cmd(spec: str, port: int, host: str, name: str | None, replicas: int,
+              registry: str | None) -> None:
+    """Serve PROJECT/MODEL[:REV|@ALIAS] in the foreground until Ctrl-C."""
+    from michelangelo.lib.model_registry import ModelRegistry
+    from michelangelo.lib.serving import deploy
+    from michelangelo.uniflow.plugins.ray import RayTask
+    from michelangelo.uniflow.plugins.ray._local import LocalRayCluster
+
+    reg = ModelRegistry(registry)
+    revision = reg.get(spec)  # a bad spec fails here, before any process starts
+    cpus = max(1, replicas)
+    own = LocalRayCluster(RayTask(head_cpu=cpus, head_memory="2Gi"),
+                          tempfile.mkdtemp(prefix="ma-serve-logs-"))
+    previous = os.environ.pop("RAY_ADDRESS", None)
+    try:
+        click.echo(f"starting a Ray cluster for {revision.name} ...")
+        own.start()
+        endpoint = deploy(revision.spec, name=name, num_replicas=replicas, host=host,
+                          port=port, registry=reg)
+        click.echo(f"serving {revision.name} at {endpoint.url}")
+        click.echo(f"  Open Inference Protocol: {endpoint.url}/v2/models/{endpoint.name}")
+        click.echo("  try: " + endpoint.curl(_first_row(revision)))
+        click.echo("Ctrl-C to stop")
+        while True:
+            time.sleep(1)
+    finally:
+        click.echo("stopping ...")
+        own.shutdown()
+        if previous is not None:
+            os.environ["RAY_ADDRESS"] = previous
+
+
+def _first_row(revision) -> object:
+    example = (revision.input_example or {}).get("inputs") or {}
+    rows = {n: t["data"][:1] for n, t in example.items()}
+    return rows["input"] if list(rows) == ["input"] else rows
+
+
+@click.group("deployments")
+def deployments() -> None:
+    """Endpoints on the connected cluster (RAY_ADDRESS or `cluster up`)."""
+
+
+@deployments.command("list")
+def deployments_list() -> None:
+    """Every endpoint, its model revision and URL."""
+    from michelangelo.lib.serving import list_deployments
+
+    found = list_deployments()
+    if not found:
+        click.echo("no deployments")
+        return
+    for d in found:
+        spec = f"{d.spec.project_name}/{d.spec.model_name}:{d.spec.revision_id}"
+        click.echo(f"{d.name}\t{spec}\t{d.description.num_replicas} replica(s)\t{d.url}")
+
+
+@deployments.command("delete")
+@click.argument("name")
+def deployments_delete(name: str) -> None:
+    """Remove the endpoint NAME."""
+    from michelangelo.lib.serving import delete_deployment
+
+    delete_deployment(name)
+    click.echo(f"deleted {name}")

@@ -1,0 +1,160 @@
+"""The Ray Serve application behind one endpoint: load, prove, route, batch.
+
+Each replica loads the revision in its constructor (weights, sha256, input example), so
+Serve sends it no request before that succeeded. Requests go through :class:`Routes`;
+rows from concurrent requests meet in ``serve.batch``, which counts ROWS here (its
+``batch_size_fn``), and a request with more rows than ``max_batch_size`` is cut into pieces
+that each fit, then put back together, so every caller gets exactly its own rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+import numpy as np
+from ray import serve
+from starlette.requests import Request
+from starlette.responses import Response
+
+from michelangelo.lib.serving._description import DeploymentDescription
+from michelangelo.lib.serving._errors import BadRequest, HTTPError, PayloadTooLarge, ReadinessError
+from michelangelo.lib.serving._model import ServedModel
+from michelangelo.lib.serving._routes import Routes
+
+logger = logging.getLogger("michelangelo.serving")
+INGRESS_NAME = "ModelEndpoint"
+
+
+def _rows(items: list[dict[str, np.ndarray]]) -> int:
+    return sum(len(next(iter(item.values()))) for item in items)
+
+
+@serve.deployment(name=INGRESS_NAME, max_ongoing_requests=256)
+class ModelEndpoint:
+    """One replica of an endpoint (built from a :class:`DeploymentDescription` dict)."""
+
+    def __init__(self, description: dict[str, Any]) -> None:
+        import torch
+
+        # Replicas share the machine with each other and the proxy: one thread each.
+        torch.set_num_threads(1)
+        self.description = DeploymentDescription.from_dict(description)
+        d = self.description
+        from michelangelo.lib.trainer.torch.pytorch_lightning import ModelSpec
+
+        spec = ModelSpec(d.project_name, d.model_name, d.revision_id)
+        self.served = ServedModel.load(d.registry_url, spec)
+        if self.served.info["weights_sha256"] != d.weights_sha256:
+            raise ReadinessError(
+                f"{d.project_name}/{d.model_name}:{d.revision_id} now records weights sha256 "
+                f"{self.served.info['weights_sha256']}, but {d.weights_sha256} was deployed; "
+                "the revision was replaced after deploy() resolved it. Fix: deploy again.")
+        self._ready = True
+        if d.max_batch_size is not None:
+            self._batched.set_max_batch_size(d.max_batch_size)
+            self._batched.set_batch_wait_timeout_s(d.batch_wait_timeout_s)
+        predict = self._predict_batched if d.max_batch_size is not None else self._predict_alone
+        self.routes = Routes(d.name, self.served.info, self.served.signature, predict,
+                             is_ready=lambda: self._ready)
+
+    async def __call__(self, request: Request) -> Response:
+        path = request.url.path
+        prefix = self.description.route_prefix
+        if path.startswith(prefix):
+            path = path[len(prefix):]
+        try:
+            self._check_declared_length(request)
+            status, body = await self.routes.handle(request.method, path,
+                                                    lambda: self._read_body(request))
+        except HTTPError as exc:
+            status, body = exc.status, exc.body()
+        except Exception as exc:  # never a 500, never a dead replica: say what went wrong
+            logger.exception("request on %s failed", path)
+            status, body = 400, {"error": f"the model could not process this input: "
+                                          f"{type(exc).__name__}: {exc}"}
+        return Response(json.dumps(body).encode(), status_code=status,
+                        media_type="application/json")
+
+    def _check_declared_length(self, request: Request) -> None:
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > self.description.max_request_bytes:
+            raise PayloadTooLarge(self._too_large(int(declared)))
+
+    async def _read_body(self, request: Request) -> bytes:
+        limit = self.description.max_request_bytes
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise PayloadTooLarge(self._too_large(size))
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _too_large(self, size: int) -> str:
+        return (f"the body has {'at least ' if size else ''}{size} bytes, over this "
+                f"deployment's max_request_bytes={self.description.max_request_bytes}. Fix: "
+                "send fewer rows per request, or deploy with a larger max_request_bytes.")
+
+    async def _predict_alone(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.served.forward(arrays)
+
+    async def _predict_batched(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        size = self.description.max_batch_size or 1
+        rows = len(next(iter(arrays.values())))
+        if rows <= size:
+            return _unwrap(await self._batched(arrays))
+        pieces = [{n: a[i:i + size] for n, a in arrays.items()} for i in range(0, rows, size)]
+        parts = [_unwrap(p) for p in await asyncio.gather(*(self._batched(p) for p in pieces))]
+        return {n: np.concatenate([p[n] for p in parts]) for n in parts[0]}
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005, batch_size_fn=_rows)
+    async def _batched(self, items: list[dict[str, np.ndarray]]) -> list[Any]:
+        try:
+            return self.served.forward_many(items)
+        except Exception as exc:
+            if len(items) == 1:
+                return [_as_error(exc)]
+        # One request's rows broke the shared pass: answer each alone, so only it fails.
+        results: list[Any] = []
+        for item in items:
+            try:
+                results.append(self.served.forward(item))
+            except Exception as exc:
+                results.append(_as_error(exc))
+        return results
+
+    def describe(self) -> dict[str, Any]:
+        """The description and the model this replica serves (for ``get_deployment``)."""
+        return {"description": self.description.to_dict(), "model": self.served.info,
+                "signature": self.served.signature}
+
+    def check_health(self) -> None:
+        if not self._ready:
+            raise RuntimeError("model not loaded")
+
+
+def _as_error(exc: BaseException | None) -> HTTPError:
+    if isinstance(exc, HTTPError):
+        return exc
+    logger.warning("the model raised on a request: %r", exc)
+    return BadRequest(f"the model could not process this input: {type(exc).__name__}: {exc}")
+
+
+def _unwrap(result: Any) -> dict[str, np.ndarray]:
+    if isinstance(result, BaseException):
+        raise result
+    return result
+
+
+def build_app(args: dict[str, Any]) -> serve.Application:
+    """Serve application builder: ``import_path: michelangelo.lib.serving._app:build_app``."""
+    description = DeploymentDescription.from_dict(args["description"])
+    return ModelEndpoint.options(
+        num_replicas=description.num_replicas,
+        # A replica that cannot prove its model will not do better on a third try.
+        max_constructor_retry_count=2,
+        ray_actor_options={"num_cpus": description.replica_cpus},
+    ).bind(description.to_dict())

@@ -1,0 +1,74 @@
+"""One HTTP error scheme for every serving path: a status, a reason, ``{"error": reason}``.
+
+Handlers raise :class:`HTTPError` subclasses; the endpoint turns them into a JSON body with
+that status. Anything else escaping a handler is a bug of ours, never of the caller, and is
+still answered (see ``_app``) rather than allowed to take the replica down.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ServingError(Exception):
+    """Root of the serving errors raised on the driver (deploy, lookup, readiness)."""
+
+
+class DeploymentError(ServingError):
+    """A deployment could not be created or updated; the message says why and the fix."""
+
+
+class DeploymentNotFoundError(ServingError, LookupError):
+    """No deployment of that name on the connected cluster."""
+
+
+class ReadinessError(ServingError):
+    """A replica loaded a revision but could not prove it serves it correctly."""
+
+
+class HTTPError(Exception):
+    """An answer other than 200; ``status`` is the HTTP status code."""
+
+    status: int = 400
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        if status is not None:
+            self.status = status
+        self.message = message
+
+    def body(self) -> dict[str, Any]:
+        return {"error": self.message}
+
+    def __reduce__(self):  # crosses Ray process boundaries intact
+        return (type(self), (self.message, self.status))
+
+
+class BadRequest(HTTPError):
+    """The request itself is wrong: JSON, tensor names, shapes, datatypes, values."""
+
+    status = 400
+
+
+class NotFound(HTTPError):
+    """Unknown path, model name or revision."""
+
+    status = 404
+
+
+class MethodNotAllowed(HTTPError):
+    """A known path asked with the wrong HTTP method."""
+
+    status = 405
+
+
+class PayloadTooLarge(HTTPError):
+    """The body is over the deployment's ``max_request_bytes``."""
+
+    status = 413
+
+
+class NotReady(HTTPError):
+    """The replica is not (or no longer) ready to answer."""
+
+    status = 503

@@ -1,0 +1,82 @@
+"""Tiny models the serving tests register (factories must be importable by replicas)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RowLinear(nn.Module):
+    """``y = x @ w + b`` per row, plus ``batch_rows``: how many rows shared the forward pass.
+
+    ``batch_rows`` lets a test see dynamic batching from outside: every row of one forward
+    pass reports that pass's size.
+    """
+
+    def __init__(self, features: int = 4) -> None:
+        super().__init__()
+        self.linear = nn.Linear(features, 1)
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        rows = torch.full((x.shape[0], 1), x.shape[0], dtype=torch.int64)
+        return {"y": self.linear(x), "batch_rows": rows}
+
+
+def create_row_linear(features: int = 4) -> nn.Module:
+    return RowLinear(features)
+
+
+class Mixed(nn.Module):
+    """Named inputs of three datatypes: ``sum(x) * (+1 if flag else -1) + k``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(1))
+
+    def forward(self, x: torch.Tensor, k: torch.Tensor, flag: torch.Tensor) -> torch.Tensor:
+        sign = torch.where(flag, 1.0, -1.0)
+        return x.sum(dim=1, keepdim=True) * self.scale * sign + k.float()
+
+
+def create_mixed() -> nn.Module:
+    return Mixed()
+
+
+class Drifting(nn.Module):
+    """Its output depends on a non-persistent random buffer: another process cannot reproduce
+    the registered example (as when model code changes after registration)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(2, 1)
+        self.register_buffer("noise", torch.randn(1), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) + self.noise
+
+
+def create_drifting() -> nn.Module:
+    return Drifting()
+
+
+def register_row_linear(registry, model_name: str = "rows", seed: int = 0, features: int = 4):
+    torch.manual_seed(seed)
+    model = create_row_linear(features)
+    return registry.register("serving", model_name, model=model,
+                             create_model_fn=create_row_linear,
+                             create_model_fn_kwargs={"features": features},
+                             input_example=torch.randn(2, features))
+
+
+def register_mixed(registry):
+    model = create_mixed()
+    example = {"x": torch.randn(2, 3), "k": torch.tensor([[1], [2]]),
+               "flag": torch.tensor([[True], [False]])}
+    return registry.register("serving", "mixed", model=model, create_model_fn=create_mixed,
+                             input_example=example)
+
+
+def register_drifting(registry):
+    model = create_drifting()
+    return registry.register("serving", "drifting", model=model, create_model_fn=create_drifting,
+                             input_example=torch.randn(2, 2))
