@@ -1,6 +1,7 @@
 """Which provisioner makes the cluster for a RayTask: a small registry.
 
-``RAY_ADDRESS`` set: borrow that cluster. Otherwise ``UF_RAY_PROVISIONER`` names one
+``RAY_ADDRESS`` set: borrow that cluster; likewise a standing one from ``michelangelo cluster
+up`` unless a provisioner is named. Otherwise ``UF_RAY_PROVISIONER`` names one
 (``local`` by default); the KubeRay provisioner joins the registry under ``kuberay``.
 """
 
@@ -30,6 +31,16 @@ def make_cluster(task: RayTask, run_dir: str) -> RayCluster:
         from michelangelo.uniflow.plugins.ray._existing import ExistingRayCluster
 
         return ExistingRayCluster(task, address)
+    if "UF_RAY_PROVISIONER" not in os.environ:
+        # A standing cluster (`michelangelo cluster up`) is borrowed like RAY_ADDRESS.
+        from michelangelo.uniflow.plugins.ray import _standing
+
+        standing = _standing.find()
+        if standing is not None:
+            from michelangelo.uniflow.plugins.ray._existing import ExistingRayCluster
+
+            _standing.use_auth_of(standing)
+            return ExistingRayCluster(task, standing.address)
     name = os.environ.get("UF_RAY_PROVISIONER", "local")
     if name not in _PROVISIONERS:
         raise UserError(
