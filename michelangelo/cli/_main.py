@@ -10,6 +10,7 @@ import click
 
 from michelangelo.cli._loading import load_target, parse_args
 from michelangelo.cli._runs import runs
+from michelangelo.cli._serving import cluster, deployments, serve_cmd
 
 
 class _Group(click.Group):
@@ -34,10 +35,16 @@ class _Group(click.Group):
 
 @click.group(cls=_Group)
 @click.option("--debug", is_flag=True, help="show full tracebacks")
+@click.option("--verbose", is_flag=True,
+              help="stream task and Ray output to the console (same as UF_VERBOSE=1)")
 @click.pass_context
-def cli(ctx: click.Context, debug: bool) -> None:
+def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:
     """Michelangelo: uniflow workflows on Ray, from a laptop to KubeRay."""
     ctx.obj = {"debug": debug}
+    if verbose:
+        import os
+
+        os.environ["UF_VERBOSE"] = "1"  # read by uniflow when a run starts
 
 
 @cli.command()
@@ -66,3 +73,6 @@ def main() -> None:
     # SIGTERM unwinds like Ctrl-C so that clusters are removed on the way out.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     cli()
+cli.add_command(cluster)
+cli.add_command(serve_cmd)
+cli.add_command(deployments)

@@ -9,6 +9,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from michelangelo.cli._report import report
 from michelangelo.uniflow.core._records import RunStore
 from michelangelo.uniflow.core._storage import Storage
 from michelangelo.uniflow.core.errors import RunNotFoundError
@@ -98,3 +99,6 @@ def logs(run_id: str, task: str | None, storage_url: str | None) -> None:
             name = posixpath.relpath(path, folder)
             click.echo(click.style(f"==> {record.call_id} {name} <==", bold=True))
             click.echo(store.storage.read_bytes(path).decode(errors="replace"), nl=False)
+
+
+runs.add_command(report)

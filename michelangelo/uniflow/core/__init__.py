@@ -20,6 +20,7 @@ from michelangelo.uniflow.core._context import Context, create_context
 from michelangelo.uniflow.core._io import ValueIO, register_io
 from michelangelo.uniflow.core._plugin import TaskPlugin, register_plugin
 from michelangelo.uniflow.core._records import RunState, TaskState
+from michelangelo.uniflow.core._run import record_artifact
 from michelangelo.uniflow.core._runtime import current_call
 from michelangelo.uniflow.core._task import Task, task
 from michelangelo.uniflow.core._workflow import Workflow, workflow
@@ -44,6 +45,7 @@ __all__ = [
     "Workflow",
     "create_context",
     "current_call",
+    "record_artifact",
     "register_io",
     "register_plugin",
     "task",

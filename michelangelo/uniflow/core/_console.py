@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
+from michelangelo.uniflow.core._logs import ConsoleFile, console_stream, verbose
 from michelangelo.uniflow.core._records import RunRecord, TaskRecord, TaskState
 
 _STYLE = {
@@ -19,8 +22,68 @@ _STYLE = {
 }
 
 
+PLAIN_PROGRESS_EVERY_S = 10.0  # without a terminal, one progress line per training this often
+
+
+def format_progress(state: dict[str, Any]) -> str:
+    """``epoch 2/3  step 150/300  1,234 rows/s  ETA 0:12  train_loss 0.123`` from a state."""
+    parts = []
+    if state.get("max_epochs"):
+        parts.append(f"epoch {state.get('epoch', 0) + 1}/{state['max_epochs']}")
+    if state.get("step") is not None:
+        total = state.get("total_steps")
+        parts.append(f"step {state['step']}/{total}" if total else f"step {state['step']}")
+    if state.get("rows_per_s"):
+        parts.append(f"{state['rows_per_s']:,.0f} rows/s")
+    if state.get("eta_s") is not None and not state.get("done"):
+        parts.append(f"ETA {_clock(state['eta_s'])}")
+    for name, value in sorted((state.get("metrics") or {}).items()):
+        parts.append(f"{name} {value:.4g}" if isinstance(value, float) else f"{name} {value}")
+    if state.get("done"):
+        parts.append("done")
+    return "  ".join(parts)
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(int(seconds), 0)
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
+
+
+def failure_lines(record: TaskRecord) -> list[str]:
+    """What a failed task tells the person at the console, one entry per line."""
+    error = record.error or {}
+    attempts = f" after {record.attempts} attempts" if record.attempts > 1 else ""
+    lines = [f"task {record.call_id} failed{attempts}: {error.get('type')}: "
+             f"{_first_lines(error.get('message', ''), 6)}"]
+    detail = error.get("detail") or {}
+    if detail.get("lines"):
+        where = detail.get("worker") or "worker"
+        lines.append(f"last {len(detail['lines'])} log lines of {where}"
+                     + (f" ({detail['source']})" if detail.get("source") else "") + ":")
+        lines += ["  | " + line.rstrip("\n")[:300] for line in detail["lines"]]
+    if error.get("logs_command"):
+        lines.append(f"whole log: {error['logs_command']}")
+    return lines
+
+
+def _first_lines(text: str, count: int) -> str:
+    """The start and the end of a long message (a traceback's last line says the most)."""
+    lines = str(text).splitlines()
+    if len(lines) <= count:
+        return str(text)
+    head, tail = lines[:2], lines[-(count - 2):]
+    return "\n".join([*head, f"... ({len(lines) - len(head) - len(tail)} lines)", *tail])
+
+
 class Reporter:
-    """Receives run events; the base class stays silent (used by benchmarks and tests)."""
+    """Receives run events; the base class stays silent (used by benchmarks and tests).
+
+    ``quiet`` tells the run to keep task output off the console (into the task logs):
+    reporters that draw the console say yes unless ``UF_VERBOSE`` is set.
+    """
+
+    quiet = False
 
     def run_started(self, run: RunRecord) -> None: ...
 
@@ -30,6 +93,12 @@ class Reporter:
 
     def info(self, message: str) -> None: ...
 
+    def warning(self, message: str) -> None:
+        """A warning the user should see (the run shows each text once)."""
+
+    def progress(self, key: str, state: dict[str, Any] | None) -> None:
+        """Live progress of a long step (a training); ``None`` removes it."""
+
     @contextlib.contextmanager
     def status(self, message: str) -> Iterator[None]:
         yield
@@ -38,12 +107,17 @@ class Reporter:
 class PlainReporter(Reporter):
     """One line per event on stderr; right for logs and CI."""
 
-    def __init__(self, stream=None) -> None:
+    def __init__(self, stream=None, *, quiet: bool | None = None,
+                 progress_every_s: float = PLAIN_PROGRESS_EVERY_S) -> None:
         self._stream = stream
+        self.quiet = (not verbose()) if quiet is None else quiet
+        self._progress_every_s = progress_every_s
+        self._progress_printed: dict[str, float] = {}
+        self._last_progress: dict[str, dict] = {}
 
     @property
     def stream(self):
-        return self._stream or sys.__stderr__
+        return self._stream or console_stream()
 
     def _print(self, text: str) -> None:
         print(f"[uniflow] {text}", file=self.stream, flush=True)
@@ -60,8 +134,10 @@ class PlainReporter(Reporter):
             text += f" in {record.duration_s:.2f}s"
         if record.source_run:
             text += f" (from run {record.source_run})"
-        if record.error:
-            text += f": {record.error['type']}: {record.error['message']}"
+        if record.state == TaskState.FAILED and record.error:
+            for line in failure_lines(record):
+                self._print(line)
+            return
         self._print(text)
 
     def run_finished(self, run: RunRecord) -> None:
@@ -71,6 +147,25 @@ class PlainReporter(Reporter):
     def info(self, message: str) -> None:
         self._print(message)
 
+    def warning(self, message: str) -> None:
+        self._print(f"warning: {message}")
+
+    def progress(self, key: str, state: dict[str, Any] | None) -> None:
+        now = time.monotonic()
+        if state is None:
+            last = self._last_progress.pop(key, None)
+            self._progress_printed.pop(key, None)
+            if last is not None and not last.get("done"):
+                self._print(f"{key}: {format_progress(dict(last, done=True))}")
+            return
+        self._last_progress[key] = state
+        printed = self._progress_printed.get(key)
+        if state.get("done") or printed is None or now - printed >= self._progress_every_s:
+            self._progress_printed[key] = now
+            self._print(f"{key}: {format_progress(state)}")
+            if state.get("done"):
+                self._last_progress.pop(key, None)
+
     @contextlib.contextmanager
     def status(self, message: str) -> Iterator[None]:
         self._print(message)
@@ -78,16 +173,23 @@ class PlainReporter(Reporter):
 
 
 class RichReporter(Reporter):
-    """A live table of task states and a spinner for slow steps, for terminals."""
+    """A live table of task states, progress bars and a spinner for slow steps (terminals)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, quiet: bool | None = None) -> None:
         from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn
 
-        self.console = Console(stderr=True)
+        self.console = Console(file=ConsoleFile(), stderr=True)
+        self.quiet = (not verbose()) if quiet is None else quiet
         self._records: dict[str, TaskRecord] = {}
         self._live = None
         self._status_text: str | None = None
         self._run: RunRecord | None = None
+        self._lock = threading.Lock()
+        self._bars = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                              TextColumn("{task.fields[info]}"), console=self.console,
+                              auto_refresh=False)
+        self._bar_ids: dict[str, Any] = {}
 
     def _render(self):
         from rich.console import Group
@@ -103,13 +205,16 @@ class RichReporter(Reporter):
             took = f"{record.duration_s:.1f}s" if record.duration_s is not None else ""
             table.add_row(record.call_id, f"[{style}]{record.state.value}[/]", took)
         parts = [table]
+        if self._bar_ids:
+            parts.append(self._bars)
         if self._status_text:
             parts.append(Spinner("dots", text=self._status_text))
         return Group(*parts)
 
     def _refresh(self) -> None:
-        if self._live is not None:
-            self._live.update(self._render())
+        with self._lock:
+            if self._live is not None:
+                self._live.update(self._render())
 
     def run_started(self, run: RunRecord) -> None:
         from rich.live import Live
@@ -124,6 +229,34 @@ class RichReporter(Reporter):
     def task_changed(self, record: TaskRecord) -> None:
         self._records[record.call_id] = record
         self._refresh()
+        if record.state == TaskState.FAILED and record.error:
+            from rich.markup import escape
+
+            lines = failure_lines(record)
+            self.console.print(f"[bold red]{escape(lines[0])}[/]")
+            for line in lines[1:]:
+                self.console.print(escape(line), highlight=False)
+
+    def progress(self, key: str, state: dict[str, Any] | None) -> None:
+        with self._lock:
+            bar = self._bar_ids.get(key)
+            if state is None:
+                if bar is not None:
+                    self._bars.remove_task(bar)
+                    del self._bar_ids[key]
+            else:
+                total = state.get("total_steps") or None
+                info = format_progress(state)
+                if bar is None:
+                    self._bar_ids[key] = self._bars.add_task(key, total=total, info=info)
+                    bar = self._bar_ids[key]
+                self._bars.update(bar, total=total, completed=state.get("step") or 0, info=info)
+        self._refresh()
+
+    def warning(self, message: str) -> None:
+        from rich.markup import escape
+
+        self.console.print(f"[yellow]warning[/]: {escape(message)}")
 
     def run_finished(self, run: RunRecord) -> None:
         self._status_text = None

@@ -1,13 +1,63 @@
-"""Keep each task attempt's output with its run while still showing it live."""
+"""Keep each task attempt's output with its run; show it live only when asked to.
+
+Two modes, chosen by ``UF_VERBOSE`` (``michelangelo --verbose`` sets it):
+
+- quiet (the default): file descriptors 1 and 2 point at the attempt's log file while the
+  attempt runs, so everything written by the process lands there: the task's prints, Ray's
+  log monitor (worker prints, Train and Data progress, raylet warnings), native code. The
+  console keeps a private copy of the original stderr (:func:`console_stream`), which the
+  reporters write to. Python warnings are written to the log too; those that point at the
+  user's code or this SDK also reach the console, once each.
+- verbose: the output is copied to the log and still printed, as it happens.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import sys
+import sysconfig
 import threading
-from collections.abc import Iterator
+import warnings
+from collections.abc import Callable, Iterator
 from typing import IO
+
+_LOCK = threading.Lock()
+_CONSOLE: IO[str] | None = None  # the terminal while output is redirected
+_DEPTH = 0
+_THIRD_PARTY = tuple(
+    p for p in {sysconfig.get_paths().get("purelib"), sysconfig.get_paths().get("platlib")} if p
+)
+
+
+def verbose() -> bool:
+    """Whether task output streams to the console (``UF_VERBOSE=1``)."""
+    return os.environ.get("UF_VERBOSE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def console_stream() -> IO[str]:
+    """The stream that reaches the person running the workflow, redirected or not."""
+    return _CONSOLE or sys.__stderr__ or sys.stderr
+
+
+class ConsoleFile:
+    """A file-like object that always writes to :func:`console_stream` (for rich)."""
+
+    def write(self, text: str) -> int:
+        return console_stream().write(text)
+
+    def flush(self) -> None:
+        console_stream().flush()
+
+    def isatty(self) -> bool:
+        return bool(getattr(console_stream(), "isatty", lambda: False)())
+
+    def fileno(self) -> int:
+        return console_stream().fileno()
+
+    @property
+    def encoding(self) -> str:
+        return getattr(console_stream(), "encoding", "utf-8") or "utf-8"
 
 
 class _Tee:
@@ -34,18 +84,42 @@ class _Tee:
         return getattr(self._original, name)
 
 
-@contextlib.contextmanager
-def capture_output(path: str | None) -> Iterator[None]:
-    """Copy everything printed to stdout/stderr (Ray worker output included) into ``path``.
+def important_warning(filename: str) -> bool:
+    """A warning that points at user code or this SDK, not inside a third-party package."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.path.abspath(filename or "")
+    if path.startswith(here + os.sep):
+        return True
+    return not any(path.startswith(root + os.sep) for root in _THIRD_PARTY)
 
-    Ray's driver-side log monitor prints worker output through ``sys.stdout``/``sys.stderr``,
-    so worker lines land in the same file as the task's own prints.
+
+@contextlib.contextmanager
+def capture_output(
+    path: str | None,
+    *,
+    quiet: bool | None = None,
+    on_warning: Callable[[str], None] | None = None,
+) -> Iterator[None]:
+    """Send everything printed while the block runs into ``path``.
+
+    Args:
+        path: Local log file (appended to). ``None`` captures nothing.
+        quiet: Keep the output off the console; defaults to ``not verbose()``.
+        on_warning: Receives the text of each important Python warning in quiet mode.
     """
     if path is None:
         yield
         return
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if quiet is None:
+        quiet = not verbose()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    if quiet:
+        with _redirect(path, on_warning):
+            yield
+        return
     lock = threading.Lock()
+    # Ray's driver-side log monitor prints worker output through sys.stdout/sys.stderr, so
+    # worker lines land in the same file as the task's own prints.
     with open(path, "a", buffering=1, encoding="utf-8") as log:
         out, err = sys.stdout, sys.stderr
         sys.stdout, sys.stderr = _Tee(out, log, lock), _Tee(err, log, lock)
@@ -53,3 +127,88 @@ def capture_output(path: str | None) -> Iterator[None]:
             yield
         finally:
             sys.stdout, sys.stderr = out, err
+
+
+@contextlib.contextmanager
+def _redirect(path: str, on_warning: Callable[[str], None] | None) -> Iterator[None]:
+    global _CONSOLE, _DEPTH
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    log = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - closed below
+    saved = {}
+    with _LOCK:
+        if _CONSOLE is None:
+            _CONSOLE = _open_console()
+        _DEPTH += 1
+        for fd in (1, 2):
+            with contextlib.suppress(OSError):
+                saved[fd] = os.dup(fd)
+                os.dup2(log.fileno(), fd)
+    out, err = sys.stdout, sys.stderr
+    # Python-level streams too: a test runner may have replaced them with non-fd objects.
+    sys.stdout = sys.stderr = log
+    previous_show = warnings.showwarning
+    seen: set[str] = set()
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        text = warnings.formatwarning(message, category, filename, lineno, line)
+        with contextlib.suppress(Exception):
+            log.write(text)
+        if on_warning is not None and important_warning(filename):
+            short = f"{category.__name__}: {message}"
+            if short not in seen:
+                seen.add(short)
+                on_warning(short)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = previous_show
+        sys.stdout, sys.stderr = out, err
+        with contextlib.suppress(Exception):
+            log.flush()
+        with _LOCK:
+            for fd, copy in saved.items():
+                with contextlib.suppress(OSError):
+                    os.dup2(copy, fd)
+                os.close(copy)
+            _DEPTH -= 1
+            if _DEPTH == 0 and _CONSOLE is not None:
+                with contextlib.suppress(Exception):
+                    _CONSOLE.flush()
+                    _CONSOLE.close()
+                _CONSOLE = None
+        log.close()
+
+
+def _open_console() -> IO[str] | None:
+    """A private handle on the current stderr that the redirection leaves alone."""
+    try:
+        fd = os.dup(2)
+    except OSError:
+        return None
+    stream = os.fdopen(fd, "w", buffering=1, encoding="utf-8", errors="replace")
+    return _TtyAware(stream, _isatty(sys.__stderr__))
+
+
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except Exception:  # noqa: BLE001 - closed or odd stream
+        return False
+
+
+class _TtyAware:
+    """The console copy reports whether the original stderr was a terminal."""
+
+    def __init__(self, stream: IO[str], tty: bool) -> None:
+        self._stream = stream
+        self._tty = tty
+
+    def isatty(self) -> bool:
+        return self._tty
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)

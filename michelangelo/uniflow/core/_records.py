@@ -69,6 +69,10 @@ class TaskRecord(_JsonRecord):
     output: dict | None = None  # {"io", "folder", "meta"}
     source_run: str | None = None  # the run whose result was reused or cached
     config: str | None = None
+    # What the body made or decided besides its result, appended by any library through
+    # ``uniflow.record_artifact``: {"kind": ..., "time": ..., **fields} (capacity decisions,
+    # metric files, registry revisions, deployments).
+    artifacts: list[dict] = field(default_factory=list)
     _STATES: ClassVar[type[enum.Enum]] = TaskState
 
     @property

@@ -6,7 +6,10 @@ import contextlib
 import contextvars
 import datetime
 import inspect
+import os
 import posixpath
+import tempfile
+import threading
 import time
 import traceback
 import uuid
@@ -26,7 +29,12 @@ from michelangelo.uniflow.core._records import (
     TaskRecord,
     TaskState,
 )
-from michelangelo.uniflow.core._runtime import CallInfo, reset_current_call, set_current_call
+from michelangelo.uniflow.core._runtime import (
+    CallInfo,
+    current_call,
+    reset_current_call,
+    set_current_call,
+)
 from michelangelo.uniflow.core._storage import Storage
 from michelangelo.uniflow.core._timeout import time_limit
 from michelangelo.uniflow.core.errors import RunNotFoundError
@@ -41,6 +49,20 @@ _ACTIVE_RUN: contextvars.ContextVar[Run | None] = contextvars.ContextVar(
 
 def active_run() -> Run | None:
     return _ACTIVE_RUN.get()
+
+
+def record_artifact(kind: str, **fields: Any) -> bool:
+    """Append ``{"kind": kind, "time": now, **fields}`` to the running task's record.
+
+    Any library can call it from a task body on the driver (capacity decisions, metric
+    files, registry revisions, deployments); ``michelangelo runs report`` shows them. Values
+    must be JSON-able. An entry equal to the task's previous one of the same kind is kept
+    once. Returns whether a task was running to take it.
+    """
+    run, call = active_run(), current_call()
+    if run is None or call is None:
+        return False
+    return run.add_artifact(call.call_id, {"kind": kind, **fields})
 
 
 def new_run_id(workflow: str) -> str:
@@ -72,6 +94,9 @@ class Run:
         self.resources: dict[str, Any] = {}  # plugin state that lives as long as the run
         self._cleanups: list[Callable[[], None]] = []
         self._sequence = 0
+        self._running: dict[str, TaskRecord] = {}
+        self._warned: set[str] = set()
+        self._record_lock = threading.Lock()
         self._previous: dict[str, TaskRecord] = {}
         if resume is not None:
             if self.store.load_run(resume) is None:
@@ -96,6 +121,49 @@ class Run:
     def info(self, message: str) -> None:
         self.reporter.info(message)
 
+    def warn(self, message: str) -> None:
+        """Show a warning on the console, once per run for the same text."""
+        if message not in self._warned:
+            self._warned.add(message)
+            self.reporter.warning(message)
+
+    def progress(self, key: str, state: dict[str, Any] | None) -> None:
+        """Live progress of a long step (``None`` removes it); safe from any thread."""
+        self.reporter.progress(key, state)
+
+    def add_artifact(self, call_id: str, entry: dict[str, Any]) -> bool:
+        with self._record_lock:
+            record = self._running.get(call_id)
+            if record is None:
+                return False
+            same_kind = [a for a in record.artifacts if a.get("kind") == entry.get("kind")]
+            if same_kind and {k: v for k, v in same_kind[-1].items() if k != "time"} == entry:
+                return True
+            record.artifacts.append({**entry, "time": time.time()})
+            self.store.save_task(self.run_id, record)
+        return True
+
+    def _output_log(self, path: str) -> contextlib.AbstractContextManager[None]:
+        """Capture the process output into ``path`` (a storage path) as the reporter wants."""
+        if self.storage.is_local:
+            return capture_output(path, quiet=self.reporter.quiet, on_warning=self.warn)
+        if not self.reporter.quiet:
+            return contextlib.nullcontext()
+        return self._captured_remote(path)
+
+    @contextlib.contextmanager
+    def _captured_remote(self, path: str) -> Iterator[None]:
+        # Remote storage cannot be appended to: log to a local file, upload it afterwards.
+        handle, local = tempfile.mkstemp(prefix="uniflow-", suffix=".log")
+        os.close(handle)
+        try:
+            with capture_output(local, quiet=True, on_warning=self.warn):
+                yield
+        finally:
+            with contextlib.suppress(Exception), open(local, "rb") as log:
+                self.storage.write_bytes(path, log.read())
+            os.unlink(local)
+
     # -- the run as a whole ------------------------------------------------------------------
     def execute(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         self.record.arguments = self.store.describe_args(
@@ -103,8 +171,12 @@ class Run:
         self.store.save_run(self.record)
         self.reporter.run_started(self.record)
         token = _ACTIVE_RUN.set(self)
+        # Output between tasks (the workflow body, cluster teardown) has a log of its own.
+        driver_log = posixpath.join(self.store.run_dir(self.run_id), "logs", "driver.log")
+        outer = self._output_log(driver_log) if self.reporter.quiet else contextlib.nullcontext()
         try:
-            value = fn(*args, **kwargs)
+            with outer:
+                value = self._body(fn, args, kwargs)
         except BaseException as exc:
             interrupted = isinstance(exc, (KeyboardInterrupt, SystemExit))
             self.record.state = RunState.INTERRUPTED if interrupted else RunState.FAILED
@@ -121,6 +193,19 @@ class Run:
                 self.record.ended = time.time()
                 self.store.save_run(self.record)
                 self.reporter.run_finished(self.record)
+
+    def _body(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self._close_quietly()
+
+    def _close_quietly(self) -> None:
+        # Cleanups (cluster teardown) run inside the driver log; errors surface in _close.
+        try:
+            self._close()
+        except Exception as exc:  # noqa: BLE001 - re-raised by the outer _close
+            self._cleanups.append(_raiser(exc))
 
     def _close(self) -> None:
         errors = []
@@ -216,9 +301,10 @@ class Run:
             info = CallInfo(self.run_id, record.call_id, task.name, attempt, self.storage, call_dir)
             log_path = self.store.log_path(self.run_id, record.call_id, attempt)
             token = set_current_call(info)
+            self._running[record.call_id] = record
             try:
                 with (
-                    capture_output(log_path if self.storage.is_local else None),
+                    self._output_log(log_path),
                     plugin.execution(task.config, self),
                 ):
                     resolved = _resolve(task.annotations, arguments)
@@ -243,6 +329,7 @@ class Run:
                 raise
             finally:
                 reset_current_call(token)
+                self._running.pop(record.call_id, None)
             record.state = TaskState.SUCCEEDED
             record.error = None
             record.ended = time.time()
@@ -258,9 +345,17 @@ class Run:
         assert last_exc is not None
         record.state = TaskState.FAILED
         record.ended = time.time()
+        assert record.error is not None
+        record.error["logs_command"] = self._logs_command(record.call_id)
         self.store.save_task(self.run_id, record)
         self.reporter.task_changed(record)
         raise _prefixed(last_exc, task.name)
+
+    def _logs_command(self, call_id: str) -> str:
+        command = f"michelangelo runs logs {self.run_id} {call_id}"
+        if self.storage.url != Storage().url:
+            command += f" --storage-url {self.storage.url}"
+        return command
 
     def _persist(self, record: TaskRecord, call_dir: str, value: Any) -> Any:
         io = io_for(value)
@@ -298,11 +393,23 @@ def _resolve(hints: dict[str, Any], arguments: dict[str, Any]) -> dict[str, Any]
 
 
 def _error_dict(exc: BaseException) -> dict:
-    return {
+    error = {
         "type": type(exc).__name__,
         "message": str(exc)[:2000],
         "traceback": "".join(traceback.format_exception(exc))[-8000:],
     }
+    # A plugin that knows more (which worker failed, its last log lines) attaches it here.
+    detail = getattr(exc, "uniflow_failure_detail", None)
+    if isinstance(detail, dict):
+        error["detail"] = detail
+    return error
+
+
+def _raiser(exc: BaseException) -> Callable[[], None]:
+    def again() -> None:
+        raise exc
+
+    return again
 
 
 def _prefixed(exc: BaseException, task_name: str) -> BaseException:

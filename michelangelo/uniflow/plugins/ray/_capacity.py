@@ -117,9 +117,26 @@ def check_fits(scaling_config: Any, shape: ClusterShape) -> None:
     if workers == 0:
         return  # Ray Train runs num_workers=0 in the driver process.
     fit = placeable(shape, request)
+    _record_decision(scaling_config, shape, workers, request, fit)
     if fit >= workers:
         return
     raise CapacityError(_explain(scaling_config, shape, workers, request, fit))
+
+
+def _record_decision(scaling_config: Any, shape: ClusterShape, workers: int,
+                     request: Mapping[str, float], fit: int) -> None:
+    """Keep the decision with the running task (``michelangelo runs report`` shows it)."""
+    from michelangelo.uniflow.core._run import record_artifact
+
+    record_artifact(
+        "capacity",
+        scaling_config=_describe_scaling(scaling_config),
+        cluster=shape.describe(),
+        workers=workers,
+        per_worker=_describe_request(request),
+        placeable=fit,
+        fits=fit >= workers,
+    )
 
 
 def wait_until_free(scaling_config: Any, *, timeout_s: float, poll_s: float = 0.5) -> None:

@@ -131,6 +131,9 @@ class LocalRayCluster(RayCluster):
                     f"--address={self.address}",
                     f"--dashboard-agent-listen-port={free_port()}",
                     f"--metrics-export-port={free_port()}",
+                    # Every node of this cluster shares one host and one log folder: the
+                    # head's log monitor already forwards each line, once.
+                    "--include-log-monitor=False",
                     *node_arguments(self.task, "worker"),
                 ])
             proc = self._procs[-1]

@@ -1,0 +1,114 @@
+"""The quiet console: task output goes to the task log, warnings once, failures explained."""
+
+from __future__ import annotations
+
+import io
+import os
+import sysconfig
+import warnings
+
+import pytest
+
+import michelangelo.uniflow.core as uniflow
+from michelangelo.uniflow.core._console import PlainReporter, format_progress
+from michelangelo.uniflow.core._records import RunStore
+from michelangelo.uniflow.core._storage import Storage
+
+
+@uniflow.task()
+def chatty(x: int) -> int:
+    print(f"python print {x}")
+    os.write(2, b"native stderr line\n")  # like Ray's C++ core or a subprocess
+    warnings.warn(f"user warning {x}", UserWarning, stacklevel=1)
+    warnings.warn(f"user warning {x}", UserWarning, stacklevel=1)
+    warnings.warn_explicit("library chatter", UserWarning,
+                           os.path.join(sysconfig.get_paths()["purelib"], "lib", "m.py"), 1)
+    uniflow.record_artifact("note", text="made by chatty", value=x)
+    uniflow.record_artifact("note", text="made by chatty", value=x)  # the same: kept once
+    return x + 1
+
+
+@uniflow.task()
+def explode(x: int) -> int:
+    print("about to fail")
+    raise ValueError(f"x={x} is not allowed")
+
+
+@uniflow.workflow()
+def talk(x: int = 1) -> int:
+    return chatty(x)
+
+
+@uniflow.workflow()
+def talk_then_fail(x: int = 1) -> int:
+    return explode(chatty(x))
+
+
+def _attempt_log(run_id: str, call_id: str) -> str:
+    store = RunStore(Storage())
+    with open(store.log_path(run_id, call_id, 1), encoding="utf-8") as handle:
+        return handle.read()
+
+
+def test_quiet_console_keeps_output_in_the_task_log(capfd, monkeypatch):
+    monkeypatch.delenv("UF_VERBOSE", raising=False)
+    console = io.StringIO()
+    context = uniflow.Context(reporter=PlainReporter(console))
+    assert context.run(talk, 3) == 4
+    shown = console.getvalue()
+    out, err = capfd.readouterr()
+    # Nothing the task printed reaches the console or the process's own stdout/stderr ...
+    for text in ("python print 3", "native stderr line", "library chatter"):
+        assert text not in shown and text not in out and text not in err
+    # ... but all of it is in the task's log, and the user's warning is shown once.
+    log = _attempt_log(context.last_run_id, "001-chatty")
+    assert "python print 3" in log and "native stderr line" in log and "library chatter" in log
+    assert shown.count("warning: UserWarning: user warning 3") == 1
+    assert "task 001-chatty succeeded" in shown
+    record = RunStore(Storage()).load_task(context.last_run_id, "001-chatty")
+    assert [(a["kind"], a["value"]) for a in record.artifacts] == [("note", 3)]
+
+
+def test_verbose_streams_output_as_it_happens(capfd, monkeypatch):
+    monkeypatch.setenv("UF_VERBOSE", "1")
+    console = io.StringIO()
+    context = uniflow.Context(reporter=PlainReporter(console))
+    assert context.run(talk, 5) == 6
+    out, err = capfd.readouterr()
+    assert "python print 5" in out
+    assert "native stderr line" in err
+    assert "python print 5" in _attempt_log(context.last_run_id, "001-chatty")
+
+
+def test_failure_summary_names_the_task_error_and_log_command(monkeypatch):
+    monkeypatch.delenv("UF_VERBOSE", raising=False)
+    console = io.StringIO()
+    context = uniflow.Context(reporter=PlainReporter(console))
+    with pytest.raises(ValueError, match="x=2 is not allowed"):
+        context.run(talk_then_fail, 1)
+    shown = console.getvalue()
+    run_id = context.last_run_id
+    assert "task 002-explode failed: ValueError: x=2 is not allowed" in shown
+    assert f"whole log: michelangelo runs logs {run_id} 002-explode" in shown
+    assert "about to fail" not in shown  # the print is in the log, not on the console
+    assert "about to fail" in _attempt_log(run_id, "002-explode")
+    # The run-level log holds what was printed outside any task (nothing here but it exists).
+    assert os.path.exists(os.path.join(RunStore(Storage()).run_dir(run_id), "logs",
+                                       "driver.log"))
+
+
+def test_plain_progress_lines_are_throttled():
+    console = io.StringIO()
+    reporter = PlainReporter(console, progress_every_s=10.0)
+    state = {"epoch": 0, "max_epochs": 2, "step": 1, "total_steps": 10, "rows_per_s": 1234.0,
+             "eta_s": 75, "metrics": {"train_loss": 0.5}}
+    for step in range(1, 10):
+        reporter.progress("002-train", dict(state, step=step))
+    reporter.progress("002-train", dict(state, step=10, epoch=1, done=True))
+    reporter.progress("002-train", None)
+    lines = console.getvalue().splitlines()
+    assert lines == [
+        "[uniflow] 002-train: epoch 1/2  step 1/10  1,234 rows/s  ETA 1:15  train_loss 0.5",
+        "[uniflow] 002-train: epoch 2/2  step 10/10  1,234 rows/s  train_loss 0.5  done",
+    ]
+    assert format_progress({"step": 3}) == "step 3"
