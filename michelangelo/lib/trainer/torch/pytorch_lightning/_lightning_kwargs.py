@@ -1,18 +1,22 @@
 """Turn ``lightning_trainer_kwargs`` into the ``pytorch_lightning.Trainer`` arguments we use.
 
-A short pipeline of ``_choose_*`` steps, run once on the driver: siblings are split off,
-the trainer's own defaults are filled in, ``enable_checkpointing`` is derived, and the
+A short pipeline of ``_choose_*`` steps, run once on the driver: every key is checked
+against ``pytorch_lightning.Trainer``'s signature, siblings are split off, the trainer's own
+defaults are filled in, ``enable_checkpointing`` is derived, and the
 strategy, logger and profiler are resolved to things a worker can build.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
 from michelangelo.lib.trainer.torch.pytorch_lightning._param import LightningTrainerParam
+from michelangelo.lib.trainer.torch.pytorch_lightning._signature_check import check_kwargs
 from michelangelo.lib.trainer.torch.pytorch_lightning._strategy import (
     StrategyChoice,
     choose_strategy,
@@ -109,6 +113,7 @@ def resolve_lightning_kwargs(param: LightningTrainerParam) -> ResolvedKwargs:
     Raises:
         ValueError: A key or sibling is invalid; the message names it and the fix.
     """
+    _check_names(param.lightning_trainer_kwargs)
     kwargs = dict(param.lightning_trainer_kwargs)
     siblings = {key: kwargs.pop(key, None) for key in SIBLING_KEYS}
     for key, owner in _RAY_OWNED.items():
@@ -123,6 +128,23 @@ def resolve_lightning_kwargs(param: LightningTrainerParam) -> ResolvedKwargs:
     logger_choice = _choose_logger(kwargs, siblings["logger_kwargs"])
     profiler = _choose_profiler(kwargs, siblings["profiler_kwargs"])
     return ResolvedKwargs(kwargs, strategy, logger_choice, profiler)
+
+
+@functools.cache
+def trainer_parameters() -> dict[str, inspect.Parameter]:
+    """``pytorch_lightning.Trainer.__init__``'s parameters (without ``self``), read once."""
+    import pytorch_lightning as pl
+
+    params = dict(inspect.signature(pl.Trainer.__init__).parameters)
+    params.pop("self", None)
+    return params
+
+
+def _check_names(kwargs: dict[str, Any]) -> None:
+    import pytorch_lightning as pl
+
+    check_kwargs(pl.Trainer, kwargs, label="lightning_trainer_kwargs",
+                 target="pytorch_lightning.Trainer", extra_names=SIBLING_KEYS)
 
 
 def _choose_defaults(kwargs: dict[str, Any], param: LightningTrainerParam) -> None:

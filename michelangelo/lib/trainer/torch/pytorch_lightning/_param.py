@@ -8,6 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from michelangelo.lib.trainer.torch.pytorch_lightning._signature_check import (
+    check_kwargs,
+    signature_of,
+)
 from michelangelo.lib.trainer.torch.pytorch_lightning.schema import (
     IncrementalTrainingSpec,
     TransferLearningSpec,
@@ -28,9 +32,11 @@ class LightningTrainerParam:
         create_model_fn: Factory returning a ``pytorch_lightning.LightningModule``; called on
             every worker as ``create_model_fn(**create_model_fn_kwargs)``. The model itself
             never crosses a process boundary.
-        create_model_fn_kwargs: Keyword arguments for the factory.
+        create_model_fn_kwargs: Keyword arguments for the factory, checked against its
+            signature here (unknown keys, missing required parameters).
         train_data: Training ``ray.data.Dataset`` (split evenly across workers).
-        val_data: Validation ``ray.data.Dataset``; None skips validation.
+        val_data: Validation ``ray.data.Dataset``. Required, but may be None: an explicit
+            choice to train without validation, which ``LightningTrainer`` warns about.
         batch_size: Per-worker batch size (default 8).
         num_shuffle_batches: Batches held in Ray Data's local shuffle buffer
             (``num_shuffle_batches * batch_size`` rows); 0 turns shuffling off (default 10).
@@ -94,6 +100,9 @@ class LightningTrainerParam:
         if self.create_model_fn_kwargs is None:
             object.__setattr__(self, "create_model_fn_kwargs", {})
         _check_dict("create_model_fn_kwargs", self.create_model_fn_kwargs)
+        check_kwargs(self.create_model_fn, self.create_model_fn_kwargs,
+                     label="LightningTrainerParam.create_model_fn_kwargs",
+                     target=f"create_model_fn {_describe_factory(self.create_model_fn)}")
         _check_dataset("train_data", self.train_data, optional=False)
         _check_dataset("val_data", self.val_data, optional=True)
         _check_count("batch_size", self.batch_size, minimum=1, fix="pass an int >= 1")
@@ -149,6 +158,17 @@ class LightningTrainerParam:
                 f"LightningTrainerParam.experiment_store={store!r} lacks {missing}. Fix: use "
                 "FsspecExperimentStore() or implement track() and locate_resumable()."
             )
+
+
+def _describe_factory(fn: Callable[..., Any]) -> str:
+    """``name(params)`` of the factory, for messages."""
+    name = getattr(fn, "__qualname__", None) or getattr(getattr(fn, "func", None),
+                                                        "__qualname__", None) or repr(fn)
+    signature = signature_of(fn)
+    if signature is None:
+        return name
+    bare = [p.replace(annotation=p.empty) for p in signature.parameters.values()]
+    return name + str(signature.replace(parameters=bare, return_annotation=signature.empty))
 
 
 def _check_count(name: str, value: Any, *, minimum: int, fix: str) -> None:

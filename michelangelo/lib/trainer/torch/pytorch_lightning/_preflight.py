@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +29,14 @@ logger = logging.getLogger(__name__)
 BYTES_PER_PARAM = 16
 WARN_FRACTION = 0.8
 
-__all__ = ["MemoryEstimate", "check_memory", "count_meta_parameters", "estimate_bytes"]
+__all__ = [
+    "MemoryEstimate",
+    "build_meta_model",
+    "cannot_build_here",
+    "check_memory",
+    "count_meta_parameters",
+    "estimate_bytes",
+]
 
 
 @dataclass(frozen=True)
@@ -46,7 +54,17 @@ class MemoryEstimate:
 
 
 def build_meta_model(create_model_fn: Any, kwargs: dict[str, Any]) -> Any | None:
-    """``create_model_fn(**kwargs)`` on the meta device, or None when it cannot be built so."""
+    """``create_model_fn(**kwargs)`` on the meta device, or None when it cannot be built so.
+
+    Failures that come from building on the meta device or on the driver (see
+    :func:`cannot_build_here`) skip the preflight with a DEBUG log; any other exception is the
+    factory's own bug or a bad argument, which every worker would hit too.
+
+    Raises:
+        ValueError: The factory raised for another reason, or returned something that is not a
+            ``pytorch_lightning.LightningModule``; the original exception is chained.
+    """
+    import pytorch_lightning as pl
     import torch
 
     try:
@@ -55,11 +73,50 @@ def build_meta_model(create_model_fn: Any, kwargs: dict[str, Any]) -> Any | None
             configure = getattr(model, "configure_model", None)
             if callable(configure):
                 configure()
-        return model
-    except Exception as error:  # noqa: BLE001 - many factories load files or need a device
+    except Exception as error:  # noqa: BLE001 - sorted below: skip or surface
+        if not cannot_build_here(error):
+            name = getattr(create_model_fn, "__qualname__", repr(create_model_fn))
+            raise ValueError(
+                f"create_model_fn {name}(**create_model_fn_kwargs) raised "
+                f"{type(error).__name__}: {error} when the driver built it on the meta device "
+                "(no memory, no weights) for the memory preflight; every worker would fail the "
+                "same way. Fix: correct the factory or create_model_fn_kwargs (the traceback "
+                "above shows where it failed)."
+            ) from error
         logger.debug("Memory preflight skipped: create_model_fn cannot build on the meta "
-                     "device (%s: %s)", type(error).__name__, error)
+                     "device here (%s: %s)", type(error).__name__, error)
         return None
+    if not isinstance(model, pl.LightningModule):
+        raise ValueError(
+            f"create_model_fn returned {type(model).__name__}, not a "
+            "pytorch_lightning.LightningModule. Fix: return a LightningModule (import "
+            "pytorch_lightning, not lightning.pytorch)."
+        )
+    return model
+
+
+# torch's words for an operation the meta device cannot do (reading data out of a meta
+# tensor, an op without a meta kernel), and for GPU-only code on a CPU-only driver.
+_DEVICE_WORDS = re.compile(r"\b(meta|cuda|nvidia|gpu)\b", re.IGNORECASE)
+
+
+def cannot_build_here(error: BaseException) -> bool:
+    """Whether ``error`` means "not buildable on the driver's meta device", not a bug.
+
+    True for files, network or packages only the workers have (``OSError``,
+    ``ImportError``), for ops torch did not implement on meta (``NotImplementedError``), and
+    for errors whose message, or a chained cause's, speaks of the meta device or a GPU.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError | ImportError | NotImplementedError):
+            return True
+        if _DEVICE_WORDS.search(str(current)):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 def count_meta_parameters(model: Any) -> int:

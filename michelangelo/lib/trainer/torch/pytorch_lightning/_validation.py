@@ -1,4 +1,5 @@
-"""Driver-side checks that need more than one field: pickling, precision, clipping.
+"""Driver-side checks that need more than one field: Trainer arguments, validation data,
+pickling, precision, clipping.
 
 They run in ``LightningTrainer.__init__``, before any Ray worker exists, so a mistake costs
 a traceback instead of a worker group.
@@ -6,10 +7,12 @@ a traceback instead of a worker group.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from michelangelo.lib.trainer.torch.pytorch_lightning._lightning_kwargs import ResolvedKwargs
 from michelangelo.lib.trainer.torch.pytorch_lightning._param import LightningTrainerParam
+from michelangelo.lib.trainer.torch.pytorch_lightning._trainer_probe import check_trainer_values
 
 # Everything that travels to the workers inside the loop config.
 _SHIPPED_FIELDS = (
@@ -78,8 +81,27 @@ def check_clipping(resolved: ResolvedKwargs) -> None:
         )
 
 
+def check_val_data(param: LightningTrainerParam, resolved: ResolvedKwargs) -> None:
+    """``val_data=None`` is allowed, as an explicit choice: say once what it turns off."""
+    if param.val_data is not None:
+        return
+    callbacks = resolved.trainer_kwargs.get("callbacks") or []  # a list once resolved
+    monitored = sorted({str(cb.monitor) for cb in callbacks if getattr(cb, "monitor", None)})
+    also = (f" The callbacks monitor {monitored}: a metric that only validation_step logs will "
+            "be missing and Lightning stops the run." if monitored else "")
+    message = (
+        "LightningTrainerParam.val_data=None: this run trains without validation (no "
+        f"validation_step, no val_* metrics).{also} Fix: pass a validation ray.data.Dataset, "
+        "or keep None if no validation is intended."
+    )
+    # One warning per trainer; uniflow copies warnings into the task log, so no log line too.
+    warnings.warn(message, UserWarning, stacklevel=4)
+
+
 def check_all(param: LightningTrainerParam, resolved: ResolvedKwargs, scaling_config: Any) -> None:
     """Run every cross-field check."""
+    check_trainer_values(param, resolved)
+    check_val_data(param, resolved)
     check_precision(resolved, scaling_config)
     check_clipping(resolved)
     check_picklable(param, resolved)
