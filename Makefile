@@ -5,9 +5,18 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS := trainer,trainer-deepspeed,trainer-mlflow,trainer-comet,serving,examples,sandbox,dev
 
-.PHONY: setup demo test bench lint clean
+.PHONY: setup browser demo test bench lint clean
 
-setup: $(STAMP)
+setup: $(STAMP) browser
+
+# Chromium draws `michelangelo runs report` pages in the test suite (a real headless browser).
+# Installed from the OS packages only when missing, and only where apt-get runs as root.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	{ if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	      --no-install-recommends chromium >/dev/null; \
+	  else echo "note: install Chromium (Debian package 'chromium') for the report's browser test"; fi; }
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -99,6 +99,13 @@ def logs(run_id: str, task: str | None, storage_url: str | None) -> None:
             name = posixpath.relpath(path, folder)
             click.echo(click.style(f"==> {record.call_id} {name} <==", bold=True))
             click.echo(store.storage.read_bytes(path).decode(errors="replace"), nl=False)
+    # What the run printed outside its tasks (the workflow body, cluster teardown).
+    driver = posixpath.join(store.run_dir(run_id), "logs", "driver.log")
+    if not task and store.storage.exists(driver):
+        text = store.storage.read_bytes(driver).decode(errors="replace")
+        if text.strip():
+            click.echo(click.style("==> driver.log <==", bold=True))
+            click.echo(text, nl=False)
 
 
 runs.add_command(report)

@@ -12,9 +12,12 @@ import contextlib
 import glob
 import json
 import os
+import re
 from typing import Any
 
 TAIL_LINES = 20
+# Lines Ray writes into every worker log file to say which job, actor or task follows.
+_RAY_MARKER = re.compile(r"^:(job_id|actor_name|task_name):")
 
 
 def failed_ranks(exc: BaseException) -> list[int]:
@@ -46,13 +49,21 @@ def worker_identity(logs: str, rank: int, run_name: str | None = None) -> dict[s
 
 
 def tail_worker(logs: str, identity: dict[str, Any], lines: int = TAIL_LINES) -> tuple[str, list[str]]:
-    """``(file, last lines)``: the worker's stderr, else its stdout, else its Train log."""
+    """``(files, last lines)`` of the worker's stdout then stderr, else of its Train log.
+
+    The two streams carry no timestamps to merge by; stderr goes last because Python
+    logging and tracebacks, usually the most telling lines, are written there.
+    """
     worker_id = identity.get("worker_id") or "?"
-    for suffix in (".err", ".out"):
+    names, kept = [], []
+    for suffix in (".out", ".err"):
         for path in sorted(glob.glob(os.path.join(logs, f"worker-{worker_id}-*{suffix}"))):
-            tail = _tail(path, lines)
+            tail = [line for line in _tail(path, lines * 2) if not _RAY_MARKER.match(line)]
             if tail:
-                return path, tail
+                names.append(os.path.basename(path))
+                kept += tail
+    if kept:
+        return ", ".join(names), kept[-lines:]
     path = identity.get("train_log")
     if path:
         messages = []
@@ -61,7 +72,7 @@ def tail_worker(logs: str, identity: dict[str, Any], lines: int = TAIL_LINES) ->
                 with contextlib.suppress(ValueError):
                     record = json.loads(line)
                     messages.append(f"{record.get('levelname', '')} {record.get('message', '')}")
-        return path, messages[-lines:]
+        return os.path.basename(path), messages[-lines:]
     return "", []
 
 
@@ -83,7 +94,7 @@ def failure_detail(exc: BaseException, logs: str, node_names: dict[str, str] | N
         "worker": f"rank {rank} on node {where}{others}",
         "rank": rank,
         "node_id": node,
-        "source": os.path.basename(source),
+        "source": source,
         "lines": lines,
     }
 
