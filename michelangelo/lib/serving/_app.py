@@ -154,7 +154,7 @@ def build_app(args: dict[str, Any]) -> serve.Application:
     description = DeploymentDescription.from_dict(args["description"])
     return ModelEndpoint.options(
         num_replicas=description.num_replicas,
-        # A replica that cannot prove its model will not do better on a third try.
-        max_constructor_retry_count=2,
+        # A replica that cannot prove its model will not do better on a second try.
+        max_constructor_retry_count=1,
         ray_actor_options={"num_cpus": description.replica_cpus},
     ).bind(description.to_dict())

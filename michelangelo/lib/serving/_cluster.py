@@ -49,7 +49,9 @@ def ensure_serve(host: str, port: int) -> None:
 
     client = serve_client()
     if client is None:
-        serve.start(http_options={"host": host, "port": port})
+        # One proxy, on the head: the nodes of a local cluster share one host, so a proxy per
+        # node would fight over the port.
+        serve.start(http_options={"host": host, "port": port}, proxy_location="HeadOnly")
         return
     config = client.http_config
     if (config.host, int(config.port)) != (host, int(port)):

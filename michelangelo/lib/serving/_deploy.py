@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -160,20 +161,34 @@ def _run(description: DeploymentDescription) -> None:
         serve.run(build_app({"description": description.to_dict()}), name=description.name,
                   route_prefix=description.route_prefix)  # waits until RUNNING or failed
     except Exception as exc:
+        reason = _replica_error(description.name) or _last_line(str(exc)) or type(exc).__name__
         if not existed:
             serve.delete(description.name)
         raise DeploymentError(
             f"deployment {description.name!r} of {description.project_name}/"
-            f"{description.model_name}:{description.revision_id} failed: {_reason(exc)}") from None
+            f"{description.model_name}:{description.revision_id} failed: {reason}") from None
 
 
-def _reason(exc: BaseException) -> str:
-    text = str(exc)
-    for marker in ("ReadinessError: ", "ModelRegistryError: ", "Error: "):
-        if marker in text:
-            tail = text.rsplit(marker, 1)[1].strip()
-            return (marker.rstrip(": ") + ": " + tail.splitlines()[0]) if tail else text
-    return text.strip().splitlines()[-1] if text.strip() else type(exc).__name__
+def _replica_error(name: str) -> str | None:
+    """The replica constructor's own error, which Serve keeps in the deployment status."""
+    from ray import serve
+
+    try:
+        app = serve.status().applications.get(name)
+    except Exception:
+        return None
+    messages = [d.message for d in getattr(app, "deployments", {}).values()] if app else []
+    for message in messages:
+        found = _last_line(message or "")
+        if found:
+            return found
+    return None
+
+
+def _last_line(text: str) -> str | None:
+    """The last ``SomeError: message`` line of a traceback, without the module path."""
+    found = re.findall(r"^\s*(?:[\w.]+\.)?(\w+(?:Error|Exception): .+)$", text, re.MULTILINE)
+    return found[-1].strip() if found else None
 
 
 def _app_names() -> list[str]:

@@ -86,6 +86,7 @@ class DeploymentDescription:
     def to_serve_config(self) -> dict[str, Any]:
         """A Ray Serve config (the ``serveConfigV2`` of a RayService) for this endpoint."""
         return {
+            "proxy_location": "HeadOnly",
             "http_options": {"host": self.host, "port": self.port},
             "applications": [{
                 "name": self.name,

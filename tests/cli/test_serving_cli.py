@@ -1,0 +1,145 @@
+"""`michelangelo cluster up|status|down` and `michelangelo serve`, run as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import urllib.request
+
+import psutil
+import pytest
+
+BIN = os.path.join(os.path.dirname(sys.executable), "michelangelo")
+
+WORKFLOW = textwrap.dedent(
+    """
+    import ray
+    import michelangelo.uniflow.core as uniflow
+    from michelangelo.uniflow.plugins.ray import RayTask
+
+    @uniflow.task(config=RayTask(head_cpu=1))
+    def where() -> str:
+        return ray.get_runtime_context().gcs_address
+
+    @uniflow.workflow()
+    def main() -> str:
+        return where()
+    """
+)
+
+FACTORY = textwrap.dedent(
+    """
+    import torch
+
+    def create_model():
+        return torch.nn.Linear(3, 1)
+    """
+)
+
+
+def _cli(*args, env, timeout=600):
+    return subprocess.run([BIN, *args], env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _session_members(leaders):
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            if os.getsid(proc.pid) in leaders:
+                found.append(proc.pid)
+        except OSError:
+            continue
+    return found
+
+
+@pytest.fixture
+def cli_env(tmp_path):
+    env = dict(os.environ, MA_CLUSTER_FILE=str(tmp_path / "cluster.json"))
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def test_cluster_up_runs_attach_and_down_leaves_nothing(tmp_path, cli_env):
+    (tmp_path / "wf.py").write_text(WORKFLOW)
+    try:
+        up = _cli("cluster", "up", "--cpus", "1", "--workers", "0", "--memory", "1Gi",
+                  env=cli_env)
+        assert up.returncode == 0, up.stdout + up.stderr
+        assert "cluster up at" in up.stdout and "dashboard: http://127.0.0.1:" in up.stdout
+        with open(cli_env["MA_CLUSTER_FILE"]) as handle:
+            record = json.load(handle)
+        status = _cli("cluster", "status", env=cli_env)
+        assert status.returncode == 0 and record["address"] in status.stdout
+        again = _cli("cluster", "up", env=cli_env)
+        assert again.returncode == 1 and "already up" in again.stderr
+
+        run = _cli("run", f"{tmp_path / 'wf.py'}:main", env=cli_env)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert f"result: '{record['address']}'" in run.stdout  # the run borrowed the cluster
+        assert "cluster up at" in _cli("cluster", "status", env=cli_env).stdout  # and left it
+    finally:
+        down = _cli("cluster", "down", env=cli_env)
+    assert down.returncode == 0 and "stopped the cluster" in down.stdout, down.stderr
+    assert _session_members(set(record["node_pids"])) == []
+    assert not os.path.exists(cli_env["MA_CLUSTER_FILE"])
+    assert "no cluster is up" in _cli("cluster", "status", env=cli_env).stdout
+
+
+def test_serve_answers_then_ctrl_c_leaves_no_ray_process(tmp_path, cli_env, monkeypatch):
+    import torch
+
+    (tmp_path / "cli_serving_factory.py").write_text(FACTORY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import cli_serving_factory
+
+    from michelangelo.lib.model_registry import ModelRegistry
+    from michelangelo.uniflow.plugins.ray._ports import free_port
+
+    registry = ModelRegistry(str(tmp_path / "registry"))
+    registry.register("cli", "lin", model=cli_serving_factory.create_model(),
+                      create_model_fn=cli_serving_factory.create_model,
+                      input_example=torch.ones(2, 3))
+    bad = _cli("serve", "cli/missing", "--registry", registry.url, env=cli_env)
+    assert bad.returncode == 1 and "missing" in bad.stderr  # refused before any cluster starts
+
+    port = free_port()
+    env = dict(cli_env, PYTHONPATH=os.pathsep.join([str(tmp_path), cli_env.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([BIN, "serve", "cli/lin:1",
+                             "--port", str(port), "--registry", registry.url],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        deadline = time.monotonic() + 540
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if line.startswith("Ctrl-C to stop"):
+                break
+        assert lines and lines[-1].startswith("Ctrl-C"), "".join(lines)[-4000:]
+        url = next(ln.split(" at ", 1)[1].strip() for ln in lines if ln.startswith("serving "))
+        assert url == f"http://127.0.0.1:{port}/cli-lin"
+        body = json.dumps({"inputs": [[1.0, 2.0, 3.0]]}).encode()
+        with urllib.request.urlopen(urllib.request.Request(url, data=body, method="POST"),
+                                    timeout=60) as resp:
+            answer = json.loads(resp.read())
+        assert len(answer["predictions"]) == 1 and answer["model"]["revision_id"] == 1
+        family = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
+        nodes = {p.pid for p in psutil.Process(proc.pid).children()
+                 if "ray" in " ".join(p.cmdline())}
+        assert nodes, "serve started no Ray node of its own"
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, "".join(lines) + proc.stdout.read()
+    alive = [pid for pid in family if psutil.pid_exists(pid)
+             and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert alive == [] and _session_members(nodes) == []

@@ -1,0 +1,253 @@
+"""Real Ray Serve on a real standing local cluster, over real HTTP on 127.0.0.1.
+
+One cluster and one Serve instance for the whole module (starting them is the slow part);
+the tests share two endpoints and redeploy one of them.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import psutil
+import pytest
+import serving_models
+from click.testing import CliRunner
+
+from michelangelo.lib import serving
+from michelangelo.lib.model_registry import ModelRegistry
+from michelangelo.uniflow.plugins.ray import RayTask, _standing
+from michelangelo.uniflow.plugins.ray._ports import free_port
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+MAX_BATCH = 8
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serving")
+    saved = {k: os.environ.get(k) for k in ("MA_CLUSTER_FILE", "PYTHONPATH")}
+    os.environ["MA_CLUSTER_FILE"] = str(root / "cluster.json")
+    # Replicas import the test models' factories by module name, as a user's package would be.
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, saved["PYTHONPATH"]) if p)
+    registry = ModelRegistry(str(root / "registry"))
+    specs = {"rows1": serving_models.register_row_linear(registry, seed=0),
+             "rows2": serving_models.register_row_linear(registry, seed=1),
+             "drifting": serving_models.register_drifting(registry)}
+    standing = _standing.up(RayTask(head_cpu=3, head_memory="3Gi"))
+    port = free_port()
+    try:
+        rows = serving.deploy(specs["rows1"], name="rows", registry=registry, port=port,
+                              max_batch_size=MAX_BATCH, batch_wait_timeout_s=0.05,
+                              max_request_bytes=64 * 1024)
+        yield {"registry": registry, "specs": specs, "standing": standing, "rows": rows,
+               "port": port}
+    finally:
+        import ray
+
+        ray.shutdown()
+        _standing.down()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _request(method, url, body=None, raw=None, timeout=60):
+    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+    req = urllib.request.Request(url, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        payload = exc.read()
+        try:
+            return exc.code, json.loads(payload)
+        except ValueError:
+            return exc.code, {"raw": payload.decode(errors="replace")}
+
+
+def _expected(registry, spec, x):
+    weights = registry.load_state_dict(spec)
+    return x @ weights["linear.weight"].numpy().T + weights["linear.bias"].numpy()
+
+
+def test_simple_form_and_deployment_handle(env):
+    rows, registry = env["rows"], env["registry"]
+    assert rows.url == f"http://127.0.0.1:{env['port']}/rows"
+    assert rows.spec.revision_id == 1
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    status, body = _request("POST", rows.url, {"inputs": x.tolist()})
+    assert status == 200
+    np.testing.assert_allclose(body["predictions"]["y"], _expected(registry, rows.spec, x),
+                               rtol=1e-5)
+    assert body["model"] == {"project_name": "serving", "model_name": "rows", "revision_id": 1,
+                             "weights_sha256": registry.get(rows.spec).weights_sha256}
+    assert rows.predict(x)["y"] == body["predictions"]["y"]
+    assert rows.curl(x[:1]).startswith(f"curl -s -X POST {rows.url} ")
+
+
+def test_open_inference_protocol_paths(env):
+    url, rev = env["rows"].url, "1"
+    assert _request("GET", f"{url}/v2/health/live") == (200, {"live": True})
+    assert _request("GET", f"{url}/v2/health/ready") == (200, {"ready": True})
+    assert _request("GET", f"{url}/v2")[1]["name"] == "michelangelo"
+    for model in ("/v2/models/rows", f"/v2/models/rows/versions/{rev}"):
+        status, meta = _request("GET", url + model)
+        assert status == 200 and meta["versions"] == [rev]
+        assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 4]}]
+        assert [o["name"] for o in meta["outputs"]] == ["y", "batch_rows"]
+        assert _request("GET", url + model + "/ready") == (200, {"name": "rows", "ready": True})
+        status, out = _request("POST", url + model + "/infer", {
+            "id": "a1", "inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32",
+                                    "data": [1, 2, 3, 4]}], "outputs": [{"name": "y"}]})
+        assert status == 200 and out["id"] == "a1" and out["model_version"] == rev
+        assert [(o["name"], o["datatype"], o["shape"]) for o in out["outputs"]] == [
+            ("y", "FP32", [1, 1])]
+
+
+@pytest.mark.parametrize("path, body, status, fragment", [
+    ("", b"{oops", 400, "not valid JSON"),
+    ("", {"inputs": [[1, 2, 3]]}, 400, "dimension 1 is 3"),
+    ("/v2/models/rows/infer", {"inputs": [{"name": "nope", "shape": [1, 4], "datatype": "FP32",
+                                           "data": [1, 2, 3, 4]}]}, 400, "unknown input"),
+    ("/v2/models/rows/infer", {"inputs": [{"name": "input", "shape": [1, 4], "datatype": "INT8",
+                                           "data": [1, 2, 3, 4]}]}, 400, "registered 'FP32'"),
+    ("/v2/models/other/infer", {"inputs": []}, 404, "serves 'rows'"),
+    ("/v2/models/rows/versions/7/infer", {"inputs": []}, 404, "serves revision 1"),
+    ("", {"inputs": [[0.5] * 4] * 4000}, 413, "max_request_bytes=65536"),
+])
+def test_errors_are_4xx_with_a_reason_and_the_replica_survives(env, path, body, status, fragment):
+    raw = body if isinstance(body, bytes) else None
+    got, answer = _request("POST", env["rows"].url + path,
+                           body=None if raw is not None else body, raw=raw)
+    assert got == status and fragment in answer["error"], answer
+    assert _request("POST", env["rows"].url, {"inputs": [[0, 0, 0, 0]]})[0] == 200
+
+
+def test_chunked_body_over_the_limit_is_413(env):
+    conn = http.client.HTTPConnection("127.0.0.1", env["port"], timeout=60)
+    chunks = (b"[" + b"0.5," * 2000 + b"0.5]" for _ in range(12))  # ~96 KiB, no length given
+    conn.request("POST", "/rows", body=chunks, encode_chunked=True,
+                 headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    assert resp.status == 413 and "max_request_bytes" in json.loads(resp.read())["error"]
+    conn.close()
+
+
+def test_batching_counts_rows_and_returns_each_request_its_rows(env):
+    url, registry, spec = env["rows"].url, env["registry"], env["rows"].spec
+    results, errors = [], []
+
+    def client(index):
+        rng = np.random.default_rng(index)
+        for _ in range(4):
+            x = rng.normal(size=(int(rng.integers(1, 6)), 4)).astype(np.float32)
+            status, body = _request("POST", url, {"inputs": x.tolist()})
+            if status != 200:
+                errors.append(body)
+            else:
+                results.append((x, body["predictions"]))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    merged = 0
+    for x, predictions in results:
+        np.testing.assert_allclose(predictions["y"], _expected(registry, spec, x), rtol=1e-5,
+                                   atol=1e-6)
+        sizes = {row[0] for row in predictions["batch_rows"]}
+        assert len(sizes) == 1 and len(x) <= sizes.pop() <= MAX_BATCH
+        merged += predictions["batch_rows"][0][0] > len(x)
+    assert merged > 0, "no request shared a forward pass with another"
+    # More rows than max_batch_size: cut into passes of at most MAX_BATCH, put back in order.
+    big = np.arange(20 * 4, dtype=np.float32).reshape(20, 4)
+    status, body = _request("POST", url, {"inputs": big.tolist()})
+    assert status == 200 and len(body["predictions"]["y"]) == 20
+    np.testing.assert_allclose(body["predictions"]["y"], _expected(registry, spec, big),
+                               rtol=1e-5)
+    assert max(r[0] for r in body["predictions"]["batch_rows"]) <= MAX_BATCH
+
+
+def test_failed_readiness_fails_the_deploy_with_the_reason(env):
+    with pytest.raises(serving.DeploymentError, match="differs from the one recorded"):
+        serving.deploy(env["specs"]["drifting"], name="drifting", registry=env["registry"],
+                       port=env["port"])
+    assert "drifting" not in [d.name for d in serving.list_deployments()]
+
+
+def test_redeploy_swaps_the_revision_with_zero_failed_requests(env):
+    url, stop = env["rows"].url, threading.Event()
+    seen, failures = [], []
+
+    def stream():
+        while not stop.is_set():
+            status, body = _request("POST", url, {"inputs": [[1, 2, 3, 4]]})
+            if status == 200:
+                seen.append(body["model"]["revision_id"])
+            else:
+                failures.append((status, body))
+            time.sleep(0.01)
+
+    threads = [threading.Thread(target=stream) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        swapped = serving.deploy(env["specs"]["rows2"], name="rows", registry=env["registry"],
+                                 port=env["port"], max_batch_size=MAX_BATCH,
+                                 batch_wait_timeout_s=0.05, max_request_bytes=64 * 1024)
+        deadline = time.monotonic() + 60
+        while seen[-20:].count(2) < 20 and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert failures == []
+    assert swapped.spec.revision_id == 2 and 1 in seen and seen[-1] == 2
+    assert serving.get_deployment("rows").spec.revision_id == 2
+
+
+def test_cli_lists_and_deletes_deployments(env):
+    from michelangelo.cli._main import cli
+
+    listed = CliRunner().invoke(cli, ["deployments", "list"])
+    assert listed.exit_code == 0 and "rows\tserving/rows:" in listed.output, listed.output
+    missing = CliRunner().invoke(cli, ["deployments", "delete", "nope"])
+    assert missing.exit_code == 1 and "no deployment 'nope'" in missing.output
+    deleted = CliRunner().invoke(cli, ["deployments", "delete", "rows"])
+    assert deleted.exit_code == 0, deleted.output
+    assert serving.list_deployments() == []
+    with pytest.raises(serving.DeploymentNotFoundError):
+        serving.get_deployment("rows")
+
+
+def test_cluster_down_leaves_no_process(env):
+    import ray
+
+    ray.shutdown()
+    standing = env["standing"]
+    assert _standing.find() == standing
+    _standing.down()
+    assert _standing.find() is None and not os.path.exists(_standing.state_file())
+    left = [p.pid for p in psutil.process_iter()
+            if _sid(p.pid) in set(standing.node_pids)]
+    assert left == []
+
+
+def _sid(pid):
+    try:
+        return os.getsid(pid)
+    except OSError:
+        return None
