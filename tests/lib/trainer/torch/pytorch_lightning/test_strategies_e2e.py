@@ -32,13 +32,16 @@ def ray_cluster():
 
 
 def _run(tmp_path, name, factory, strategy, use_gpu=False, **extra):
-    train, val = make_regression_datasets(32, 8)
+    # One worker per GPU, at most 2, so a one-GPU machine runs the GPU cases too (two GPU
+    # workers would not fit). 16 rows per worker keep 2 steps at the default batch size 8.
+    workers = min(2, torch.cuda.device_count()) if use_gpu else 2
+    train, val = make_regression_datasets(16 * workers, 8)
     return LightningTrainer(
         trainer_param=LightningTrainerParam(
             create_model_fn=factory, create_model_fn_kwargs={}, train_data=train,
             val_data=val, lightning_trainer_kwargs={"strategy": strategy, **extra}),
         run_config=RunConfig(name=name, storage_path=str(tmp_path / "ray")),
-        scaling_config=ScalingConfig(num_workers=2, use_gpu=use_gpu),
+        scaling_config=ScalingConfig(num_workers=workers, use_gpu=use_gpu),
     ).train()
 
 
