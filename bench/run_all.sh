@@ -15,4 +15,7 @@ for name in trainer initial_weights; do
     echo "=== bench_${name}.py ==="
     "$PY" "bench/bench_${name}.py" || { echo "bench_${name}.py failed" >&2; status=1; }
 done
+# remote-run: a no-op RayTask as a Ray job vs a bare JobSubmissionClient.submit_job.
+echo "=== bench_remote.py ==="
+"$PY" bench/bench_remote.py || { echo "bench_remote.py failed" >&2; status=1; }
 exit "$status"

@@ -54,13 +54,24 @@ def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:
 @click.option("--resume", default=None, metavar="RUN_ID",
               help="reuse the succeeded tasks of an earlier run")
 @click.option("--storage-url", default=None, help="overrides $UF_STORAGE_URL")
-def run(target: str, args: tuple[str, ...], resume: str | None, storage_url: str | None) -> None:
-    """Run FILE:WORKFLOW locally."""
+@click.option("--ray-address", default=None, metavar="URL",
+              help="run each RayTask as a Ray job on this cluster (its dashboard URL, "
+                   "e.g. http://HOST:8265): remote-run")
+def run(target: str, args: tuple[str, ...], resume: str | None, storage_url: str | None,
+        ray_address: str | None) -> None:
+    """Run FILE:WORKFLOW locally, or on a Ray cluster with --ray-address."""
     from michelangelo.uniflow.core import Context
 
+    options = {}
+    if ray_address:
+        import michelangelo.uniflow.plugins.ray  # noqa: F401  (registers --ray-address)
+
+        options["ray_address"] = ray_address
+    mode = "remote-run" if ray_address else "local-run"
+    Context(mode, options=options)  # bad options fail here, before the file is even imported
     workflow = load_target(target)
     kwargs = parse_args(args)
-    context = Context("local-run", resume=resume, storage_url=storage_url)
+    context = Context(mode, resume=resume, storage_url=storage_url, options=options)
     value = context.run(workflow, **kwargs)
     click.echo(f"run id: {context.last_run_id}")
     click.echo(f"result: {value!r}")

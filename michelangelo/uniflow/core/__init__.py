@@ -16,7 +16,12 @@ Typical use::
         print(uniflow.create_context().run(pipeline, 2))
 """
 
-from michelangelo.uniflow.core._context import Context, create_context
+from michelangelo.uniflow.core._context import (
+    Context,
+    RunOption,
+    create_context,
+    register_run_option,
+)
 from michelangelo.uniflow.core._io import ValueIO, register_io
 from michelangelo.uniflow.core._plugin import TaskPlugin, register_plugin
 from michelangelo.uniflow.core._records import RunState, TaskState
@@ -25,6 +30,7 @@ from michelangelo.uniflow.core._runtime import current_call
 from michelangelo.uniflow.core._task import Task, task
 from michelangelo.uniflow.core._workflow import Workflow, workflow
 from michelangelo.uniflow.core.errors import (
+    RemoteTaskError,
     RunNotFoundError,
     TaskTimeoutError,
     UniflowError,
@@ -33,7 +39,9 @@ from michelangelo.uniflow.core.errors import (
 
 __all__ = [
     "Context",
+    "RemoteTaskError",
     "RunNotFoundError",
+    "RunOption",
     "RunState",
     "Task",
     "TaskPlugin",
@@ -48,6 +56,7 @@ __all__ = [
     "record_artifact",
     "register_io",
     "register_plugin",
+    "register_run_option",
     "task",
     "workflow",
 ]

@@ -5,15 +5,44 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from michelangelo.uniflow.core._console import Reporter, default_reporter
+from michelangelo.uniflow.core._plugin import any_plugin_runs_elsewhere
 from michelangelo.uniflow.core._run import Run
 from michelangelo.uniflow.core._storage import Storage
 from michelangelo.uniflow.core._workflow import Workflow
 from michelangelo.uniflow.core.errors import UserError
 
 _MODES = ("local-run", "remote-run")
+
+
+@dataclass(frozen=True)
+class RunOption:
+    """A command-line option a plugin adds to ``python wf.py ...`` and to ``Context(options=)``.
+
+    Attributes:
+        name: Key in ``Context.options`` (and ``Run.options``), e.g. ``"ray_address"``.
+        flag: The command-line flag, e.g. ``"--ray-address"``.
+        help: One line for ``--help``.
+        check: Called as ``check(mode, value)`` when a context is made; raises ``UserError``
+            for a value that cannot work, before anything starts.
+    """
+
+    name: str
+    flag: str
+    help: str
+    metavar: str = "VALUE"
+    check: Callable[[str, Any], None] | None = None
+
+
+_OPTIONS: dict[str, RunOption] = {}
+
+
+def register_run_option(option: RunOption) -> None:
+    """Make ``option`` known to :class:`Context` and :func:`create_context` (plugins call it)."""
+    _OPTIONS[option.name] = option
 
 
 class Context:
@@ -26,10 +55,28 @@ class Context:
         resume: str | None = None,
         storage_url: str | None = None,
         reporter: Reporter | None = None,
+        options: dict[str, Any] | None = None,
     ) -> None:
         if mode not in _MODES:
             raise UserError(f"mode={mode!r} is not one of {list(_MODES)}.")
+        options = dict(options or {})
+        unknown = sorted(set(options) - set(_OPTIONS))
+        if unknown:
+            raise UserError(
+                f"Context(options=...): unknown option(s) {unknown}; the imported plugins "
+                f"offer {sorted(_OPTIONS) or 'none'}."
+            )
+        if mode == "remote-run" and not any_plugin_runs_elsewhere():
+            raise UserError(
+                "remote-run sends task bodies to a cluster, but no plugin that can do so is "
+                "imported. Import michelangelo.uniflow.plugins.ray (RayTask) and pass "
+                "--ray-address http://HOST:8265."
+            )
+        for option in _OPTIONS.values():
+            if option.check is not None:
+                option.check(mode, options.get(option.name))
         self.mode = mode
+        self.options = options
         self.resume = resume
         self.storage_url = storage_url
         self.reporter = reporter
@@ -37,11 +84,6 @@ class Context:
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run workflow ``fn`` with the given arguments and return its value."""
-        if self.mode == "remote-run":
-            raise UserError(
-                "remote-run submits the workflow to a KubeRay cluster, which this version "
-                "cannot do yet. Use local-run (the default) meanwhile."
-            )
         name = fn.name if isinstance(fn, Workflow) else getattr(fn, "__name__", "workflow")
         body = fn.fn if isinstance(fn, Workflow) else fn
         run = Run(
@@ -49,6 +91,8 @@ class Context:
             storage=Storage(self.storage_url),
             reporter=self.reporter or default_reporter(),
             resume=self.resume,
+            mode=self.mode,
+            options=self.options,
         )
         self.last_run_id = run.run_id
         return run.execute(body, args, kwargs)
@@ -58,7 +102,8 @@ def create_context(argv: Sequence[str] | None = None) -> Context:
     """A context configured from the script's command line.
 
     ``python wf.py`` and ``python wf.py local-run [--resume RUN_ID]`` run locally;
-    ``python wf.py remote-run`` is accepted and reports that remote runs are not available yet.
+    ``python wf.py remote-run --ray-address http://HOST:8265`` runs each RayTask as a Ray job
+    on that cluster (options such as ``--ray-address`` come from the imported plugins).
     Arguments that are not a uniflow sub-command (a test runner's, say) are left alone.
     """
     args = list(sys.argv[1:] if argv is None else argv)
@@ -69,8 +114,14 @@ def create_context(argv: Sequence[str] | None = None) -> Context:
     parser.add_argument("--resume", metavar="RUN_ID", default=None,
                         help="reuse the succeeded tasks of an earlier run")
     parser.add_argument("--storage-url", default=None, help="overrides $UF_STORAGE_URL")
+    for option in _OPTIONS.values():
+        parser.add_argument(option.flag, dest=f"option_{option.name}", default=None,
+                            metavar=option.metavar, help=option.help)
     parsed = parser.parse_args(args)
-    return Context(parsed.mode, resume=parsed.resume, storage_url=parsed.storage_url)
+    options = {name: getattr(parsed, f"option_{name}") for name in _OPTIONS
+               if getattr(parsed, f"option_{name}") is not None}
+    return Context(parsed.mode, resume=parsed.resume, storage_url=parsed.storage_url,
+                   options=options)
 
 
 def run_callable(name: str, body: Callable[[], Any]) -> Any:

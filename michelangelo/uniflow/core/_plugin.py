@@ -2,7 +2,8 @@
 
 The core knows only "a config with hooks". A plugin validates its config when a task is
 declared and wraps each execution of the task body in a context manager (for the Ray
-plugin: provision or reuse a cluster, then connect to it).
+plugin: provision or reuse a cluster, then connect to it). A plugin may also run attempts
+somewhere else (the Ray plugin's remote-run: a Ray job per attempt) from a JSON description.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from michelangelo.uniflow.core.errors import UserError
 
 if TYPE_CHECKING:
+    from michelangelo.uniflow.core._remote import RemoteCall
     from michelangelo.uniflow.core._run import Run
 
 
@@ -31,6 +33,18 @@ class TaskPlugin:
     def describe(self, config: Any) -> str:
         return "local"
 
+    def runs_elsewhere(self, config: Any, run: Run) -> bool:
+        """Whether this run sends the task's attempts to :meth:`run_elsewhere`."""
+        return False
+
+    def run_elsewhere(self, config: Any, run: Run, call: RemoteCall) -> None:
+        """Run one attempt described by ``call`` somewhere else and wait for it to end.
+
+        The other side runs ``uniflow``'s ``execute_remote_call(call)``, which writes the
+        result (or the error) where the driver reads it. Called inside :meth:`execution`.
+        """
+        raise NotImplementedError(f"{type(self).__name__} runs every task in this process")
+
 
 _PLUGINS: dict[type, TaskPlugin] = {}
 _LOCAL = TaskPlugin()
@@ -39,6 +53,11 @@ _LOCAL = TaskPlugin()
 def register_plugin(config_type: type, plugin: TaskPlugin) -> None:
     """Make ``plugin`` the executor of tasks whose config is a ``config_type``."""
     _PLUGINS[config_type] = plugin
+
+
+def any_plugin_runs_elsewhere() -> bool:
+    """Whether some registered plugin can run task bodies outside this process."""
+    return any(type(p).runs_elsewhere is not TaskPlugin.runs_elsewhere for p in _PLUGINS.values())
 
 
 def find_plugin(config: Any) -> TaskPlugin:

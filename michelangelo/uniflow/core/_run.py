@@ -21,7 +21,7 @@ from michelangelo.uniflow.core._console import Reporter
 from michelangelo.uniflow.core._fingerprint import call_key, inputs_fingerprint
 from michelangelo.uniflow.core._io import io_for, io_named
 from michelangelo.uniflow.core._logs import capture_output
-from michelangelo.uniflow.core._plugin import find_plugin
+from michelangelo.uniflow.core._plugin import TaskPlugin, find_plugin
 from michelangelo.uniflow.core._records import (
     RunRecord,
     RunState,
@@ -29,6 +29,7 @@ from michelangelo.uniflow.core._records import (
     TaskRecord,
     TaskState,
 )
+from michelangelo.uniflow.core._remote import prepare_remote_call, read_remote_result
 from michelangelo.uniflow.core._runtime import (
     CallInfo,
     current_call,
@@ -37,7 +38,7 @@ from michelangelo.uniflow.core._runtime import (
 )
 from michelangelo.uniflow.core._storage import Storage
 from michelangelo.uniflow.core._timeout import time_limit
-from michelangelo.uniflow.core.errors import RunNotFoundError
+from michelangelo.uniflow.core.errors import RemoteTaskError, RunNotFoundError
 
 if TYPE_CHECKING:
     from michelangelo.uniflow.core._task import Task
@@ -81,8 +82,12 @@ class Run:
         reporter: Reporter | None = None,
         resume: str | None = None,
         run_id: str | None = None,
+        mode: str = "local-run",
+        options: dict[str, Any] | None = None,
     ) -> None:
         self.storage = storage or Storage()
+        self.mode = mode  # "local-run" or "remote-run": plugins decide what remote means
+        self.options: dict[str, Any] = dict(options or {})  # plugin options (Context options)
         self.store = RunStore(self.storage)
         self.reporter = reporter or Reporter()
         self.record = RunRecord(
@@ -281,15 +286,11 @@ class Run:
         return self.storage.join("cache", f"{key}.json")
 
     def _load_output(self, output: dict) -> Any:
-        io = io_named(output["io"])
-        folder = output["folder"]
-        if not self.storage.exists(folder):
-            return _MISSING
-        value = io.read(self.storage, folder, output["meta"])
-        return io.travelling(value, self.storage, folder, output["meta"])
+        return load_output(self.storage, output)
 
     def _execute(self, task: Task, record: TaskRecord, arguments: dict[str, Any]) -> Any:
         plugin = find_plugin(task.config)
+        elsewhere = plugin.runs_elsewhere(task.config, self)
         call_dir = self.store.call_dir(self.run_id, record.call_id)
         record.started = time.time()
         last_exc: BaseException | None = None
@@ -307,10 +308,14 @@ class Run:
                     self._output_log(log_path),
                     plugin.execution(task.config, self),
                 ):
-                    resolved = _resolve(task.annotations, arguments)
-                    with time_limit(task.timeout, task.name):
-                        value = task.fn(**resolved)
-                    travelling = self._persist(record, call_dir, value)
+                    if elsewhere:
+                        travelling = self._attempt_elsewhere(plugin, task, record, call_dir,
+                                                             arguments)
+                    else:
+                        resolved = _resolve(task.annotations, arguments)
+                        with time_limit(task.timeout, task.name):
+                            value = task.fn(**resolved)
+                        travelling = self._persist(record, call_dir, value)
             except Exception as exc:
                 last_exc = exc
                 record.error = _error_dict(exc)
@@ -358,20 +363,53 @@ class Run:
         return command
 
     def _persist(self, record: TaskRecord, call_dir: str, value: Any) -> Any:
-        io = io_for(value)
-        final = posixpath.join(call_dir, f"output-{record.attempts}")
-        staging = self.storage.staging_dir(final)
-        try:
-            meta = io.write(value, self.storage, staging)
-            self.storage.publish(staging, final)
-        except BaseException:
-            self.storage.remove(staging)
-            raise
-        record.output = {"io": io.name, "folder": final, "meta": meta}
-        return io.travelling(value, self.storage, final, meta)
+        record.output, travelling = persist_value(self.storage, call_dir, record.attempts, value)
+        return travelling
+
+    def _attempt_elsewhere(self, plugin: TaskPlugin, task: Task, record: TaskRecord,
+                           call_dir: str, arguments: dict[str, Any]) -> Any:
+        """One attempt run by the plugin somewhere else; its result comes back via storage."""
+        call = prepare_remote_call(self.storage, task, self.run_id, record.call_id,
+                                   record.attempts, call_dir, arguments)
+        plugin.run_elsewhere(task.config, self, call)
+        output = read_remote_result(self.storage, call)
+        value = load_output(self.storage, output)
+        if value is _MISSING:
+            raise RemoteTaskError(
+                f"task {task.name!r}: the remote attempt reported its result at "
+                f"{output['folder']}, but this machine cannot see it there. Use a storage URL "
+                "both this machine and the cluster can reach."
+            )
+        record.output = output
+        return value
 
 
 _MISSING = object()
+
+
+def persist_value(storage: Storage, call_dir: str, attempt: int, value: Any) -> tuple[dict, Any]:
+    """Write one attempt's result atomically; return its output record and travelling value."""
+    io = io_for(value)
+    final = posixpath.join(call_dir, f"output-{attempt}")
+    staging = storage.staging_dir(final)
+    try:
+        meta = io.write(value, storage, staging)
+        storage.publish(staging, final)
+    except BaseException:
+        storage.remove(staging)
+        raise
+    return ({"io": io.name, "folder": final, "meta": meta},
+            io.travelling(value, storage, final, meta))
+
+
+def load_output(storage: Storage, output: dict) -> Any:
+    """The travelling value of a stored output, or ``_MISSING`` if its folder is gone."""
+    io = io_named(output["io"])
+    folder = output["folder"]
+    if not storage.exists(folder):
+        return _MISSING
+    value = io.read(storage, folder, output["meta"])
+    return io.travelling(value, storage, folder, output["meta"])
 
 
 def _bind(signature: inspect.Signature, args: tuple, kwargs: dict, name: str) -> dict[str, Any]:

@@ -24,3 +24,7 @@ class RunNotFoundError(UserError):
 
 class ClusterError(UniflowError):
     """A cluster could not be started, reached or kept alive."""
+
+
+class RemoteTaskError(UniflowError):
+    """A task that ran elsewhere failed in a way that has no better type on this side."""

@@ -85,6 +85,12 @@ class ClusterShape:
         label = "free resources of" if available else "the live Ray cluster"
         return cls(nodes, f"{label} ({_describe_nodes(nodes)})")
 
+    @classmethod
+    def from_nodes(cls, nodes: tuple[NodeShape, ...], label: str) -> ClusterShape:
+        """A live cluster's nodes as reported elsewhere (e.g. by its dashboard)."""
+        nodes = tuple(NodeShape(n.name, _schedulable(n.resources)) for n in nodes)
+        return cls(nodes, f"{label} ({_describe_nodes(nodes)})")
+
     def describe(self) -> str:
         return self.source
 
@@ -137,6 +143,20 @@ def _record_decision(scaling_config: Any, shape: ClusterShape, workers: int,
         placeable=fit,
         fits=fit >= workers,
     )
+
+
+def check_holds(task: RayTask, live: ClusterShape, *, where: str, fix: str) -> None:
+    """Raise :class:`CapacityError` unless ``live`` has a node for each of ``task``'s nodes."""
+    free = list(live.nodes)
+    for need in ClusterShape.from_ray_task(task).nodes:
+        match = next((n for n in free if n.fits(need.resources) >= 1), None)
+        if match is None:
+            raise CapacityError(
+                f"{where} points at a cluster that cannot hold {task.describe()}: no free node "
+                f"for the {need.name} node ({_describe_request(need.resources)}); the cluster "
+                f"has {live.describe()}. Fix: {fix}."
+            )
+        free.remove(match)
 
 
 def wait_until_free(scaling_config: Any, *, timeout_s: float, poll_s: float = 0.5) -> None:

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-from michelangelo.uniflow.plugins.ray._capacity import (
-    CapacityError,
-    ClusterShape,
-    _describe_request,
-)
+from michelangelo.uniflow.plugins.ray._capacity import ClusterShape, check_holds
 from michelangelo.uniflow.plugins.ray._cluster import ClusterState, RayCluster
 from michelangelo.uniflow.plugins.ray._config import RayTask
 
@@ -35,18 +31,9 @@ class ExistingRayCluster(RayCluster):
         self.state = ClusterState.READY
 
     def _check_holds(self, live: ClusterShape) -> None:
-        free = list(live.nodes)
-        for need in ClusterShape.from_ray_task(self.task).nodes:
-            match = next((n for n in free if n.fits(need.resources) >= 1), None)
-            if match is None:
-                raise CapacityError(
-                    f"RAY_ADDRESS={self.address!r} points at a cluster that cannot hold "
-                    f"{self.task.describe()}: no free node for the {need.name} node "
-                    f"({_describe_request(need.resources)}); the cluster has "
-                    f"{live.describe()}. Fix: shrink the RayTask to the cluster's nodes, or "
-                    "unset RAY_ADDRESS to let uniflow start a local cluster of that shape."
-                )
-            free.remove(match)
+        check_holds(self.task, live, where=f"RAY_ADDRESS={self.address!r}",
+                    fix="shrink the RayTask to the cluster's nodes, or unset RAY_ADDRESS to "
+                        "let uniflow start a local cluster of that shape")
 
     def shape(self) -> ClusterShape:
         return ClusterShape.from_ray_task(self.task)

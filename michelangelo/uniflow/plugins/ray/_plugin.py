@@ -10,9 +10,10 @@ import tempfile
 from collections.abc import Iterator
 
 from michelangelo.uniflow.core._plugin import TaskPlugin, register_plugin
+from michelangelo.uniflow.core._remote import RemoteCall
 from michelangelo.uniflow.core._run import Run
 from michelangelo.uniflow.core._runtime import current_call
-from michelangelo.uniflow.plugins.ray import _failure, _guard
+from michelangelo.uniflow.plugins.ray import _failure, _guard, _remote_run
 from michelangelo.uniflow.plugins.ray._capacity import active_ray_task
 from michelangelo.uniflow.plugins.ray._cluster import RayCluster
 from michelangelo.uniflow.plugins.ray._config import RayTask
@@ -30,6 +31,10 @@ class RayTaskPlugin(TaskPlugin):
 
     @contextlib.contextmanager
     def execution(self, config: RayTask, run: Run) -> Iterator[None]:
+        if self.runs_elsewhere(config, run):
+            _remote_run.prepare(config, run)  # versions, capacity: before any job is sent
+            yield
+            return
         cluster = self._cluster_for(config, run)
         try:
             with (
@@ -64,6 +69,12 @@ class RayTaskPlugin(TaskPlugin):
 
     def describe(self, config: RayTask) -> str:
         return config.describe()
+
+    def runs_elsewhere(self, config: RayTask, run: Run) -> bool:
+        return run.mode == "remote-run"
+
+    def run_elsewhere(self, config: RayTask, run: Run, call: RemoteCall) -> None:
+        _remote_run.submit(config, run, call)
 
 
 def _collect_logs(cluster: RayCluster, run: Run, exc: BaseException | None) -> None:

@@ -113,7 +113,12 @@ def _state(run: Run) -> _RemoteState:
 
 def prepare(config: RayTask, run: Run) -> None:
     """Before an attempt: versions (once per run) and the shape against the live nodes."""
-    _state(run).cluster.check_capacity(config)
+    try:
+        _state(run).cluster.check_capacity(config)
+    except Exception as exc:
+        # A wrong address, token, version or shape stays wrong: retrying cannot help.
+        exc.uniflow_retryable = False  # type: ignore[attr-defined]
+        raise
 
 
 def submit(config: RayTask, run: Run, call: RemoteCall) -> None:

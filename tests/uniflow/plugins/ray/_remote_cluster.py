@@ -85,25 +85,37 @@ def start(workers: list[dict[str, str]], head: dict[str, str], log_dir: str,
                 stdout=handle, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=True))
 
+    def started(name: str, args: list[str]) -> None:
+        # `ray start` gives a node 30 s to register; on a loaded machine that can run out,
+        # and the node exits: start it again (a few times) rather than fail the module.
+        for attempt in range(5):
+            spawn(name, args)
+            try:
+                _wait(lambda: _log_has(cluster.logs[-1], b"Ray runtime started"), cluster,
+                      timeout_s)
+                return
+            except NodeExited:
+                if attempt == 4:
+                    raise
+                cluster.procs.pop()
+                cluster.logs.pop()
+
     try:
-        spawn("head", [
+        started("head", [
             "--head", f"--port={port}", f"--temp-dir={temp_dir}",
             f"--dashboard-port={dashboard}", "--dashboard-host=127.0.0.1",
             f"--dashboard-agent-listen-port={free_port()}",
             f"--ray-client-server-port={free_port()}", f"--metrics-export-port={free_port()}",
             *_flags(head),
         ])
-        _wait(lambda: _log_has(cluster.logs[0], b"Ray runtime started"), cluster, timeout_s)
         from ray._private.services import get_node_ip_address
 
         address = f"{get_node_ip_address()}:{port}"
         for index, worker in enumerate(workers):
-            spawn(f"worker-{index}", [
+            started(f"worker-{index}", [
                 f"--address={address}", f"--dashboard-agent-listen-port={free_port()}",
                 f"--metrics-export-port={free_port()}", *_flags(worker),
             ])
-            _wait(lambda: _log_has(cluster.logs[-1], b"Ray runtime started"), cluster,
-                  timeout_s)
         _wait(lambda: _alive_nodes(cluster) >= 1 + len(workers), cluster, timeout_s)
     except BaseException:
         stop(cluster)
@@ -145,6 +157,14 @@ def survivors(sessions: set[int]) -> list[str]:
     return alive
 
 
+def _end_session(proc: subprocess.Popen) -> None:
+    """Kill what a failed node left in its session (e.g. a GCS whose raylet gave up)."""
+    for other in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
+            if os.getsid(other.pid) == proc.pid:
+                other.kill()
+
+
 def _flags(resources: dict[str, str]) -> list[str]:
     return [f"--{key}={value}" for key, value in resources.items()]
 
@@ -169,6 +189,10 @@ def _alive_nodes(cluster: RemoteCluster) -> int:
     return sum(1 for row in rows if row.get("state") == "ALIVE")
 
 
+class NodeExited(RuntimeError):
+    """A `ray start` process of the test cluster ended while starting."""
+
+
 def _wait(condition, cluster: RemoteCluster, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -176,7 +200,8 @@ def _wait(condition, cluster: RemoteCluster, timeout_s: float) -> None:
             if proc.poll() is not None:
                 with open(log, errors="replace") as handle:
                     tail = handle.read()[-3000:]
-                raise RuntimeError(f"a test Ray node exited ({proc.returncode}):\n{tail}")
+                _end_session(proc)
+                raise NodeExited(f"a test Ray node exited ({proc.returncode}):\n{tail}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"the test Ray cluster was not up within {timeout_s:.0f}s")
         time.sleep(0.25)
