@@ -146,8 +146,11 @@ def _redirect(path: str, on_warning: Callable[[str], None] | None) -> Iterator[N
                 saved[fd] = os.dup(fd)
                 os.dup2(log.fileno(), fd)
     out, err = sys.stdout, sys.stderr
-    # Python-level streams too: a test runner may have replaced them with non-fd objects.
-    sys.stdout = sys.stderr = log
+    # Python-level streams too (a test runner may have replaced them with non-fd objects).
+    # They write to the descriptors rather than to the log file, so a handler that keeps
+    # them past the attempt (a logger set up inside the task) writes wherever the
+    # descriptor points next instead of to a closed file.
+    sys.stdout, sys.stderr = _FdStream(1), _FdStream(2)
     previous_show = warnings.showwarning
     seen: set[str] = set()
 
@@ -197,6 +200,43 @@ def _isatty(stream) -> bool:
     try:
         return bool(stream.isatty())
     except Exception:  # noqa: BLE001 - closed or odd stream
+        return False
+
+
+class _FdStream:
+    """A text stream over a file descriptor, unbuffered, never closed by us."""
+
+    encoding = "utf-8"
+    errors = "replace"
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def write(self, text: str) -> int:
+        data = text.encode("utf-8", "replace")
+        with contextlib.suppress(OSError):
+            while data:
+                data = data[os.write(self._fd, data):]
+        return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        return None
+
+    def isatty(self) -> bool:
+        return False
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def writable(self) -> bool:
+        return True
+
+    @property
+    def closed(self) -> bool:
         return False
 
 
