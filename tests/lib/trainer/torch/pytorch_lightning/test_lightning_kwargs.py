@@ -123,3 +123,39 @@ def test_errors_name_key_and_fix(data, kwargs, text):
     with pytest.raises(ValueError, match="Fix") as info:
         resolve(data, kwargs)
     assert text in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragments"),
+    [
+        ({"max_epoch": 3}, ["lightning_trainer_kwargs['max_epoch']", "did you mean 'max_epochs'",
+                            "Fix: rename 'max_epoch' to 'max_epochs'"]),
+        ({"strategy_kwarg": {"stage": 2}}, ["did you mean 'strategy_kwargs'"]),
+        ({"precison": "bf16-mixed"}, ["did you mean 'precision'"]),
+        ({"learning_rate": 0.1}, ["['learning_rate'] is not a parameter", "Fix: remove it"]),
+        ({"max_epoch": 3, "gpus": 2}, ["'max_epoch' (did you mean 'max_epochs'?)", "'gpus'",
+                                       "rename or remove them"]),
+    ],
+)
+def test_every_key_is_checked_against_the_trainer_signature(data, kwargs, fragments):
+    with pytest.raises(ValueError) as info:
+        resolve(data, kwargs)
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+def test_every_trainer_parameter_and_sibling_is_accepted_by_name():
+    import inspect
+
+    import pytorch_lightning as pl
+
+    from michelangelo.lib.trainer.torch.pytorch_lightning._lightning_kwargs import (
+        SIBLING_KEYS,
+        trainer_parameters,
+    )
+    from michelangelo.lib.trainer.torch.pytorch_lightning._signature_check import check_kwargs
+
+    names = set(trainer_parameters())
+    assert names == set(inspect.signature(pl.Trainer).parameters)
+    check_kwargs(pl.Trainer, dict.fromkeys([*names, *SIBLING_KEYS]), label="k",
+                 target="pytorch_lightning.Trainer", extra_names=SIBLING_KEYS)

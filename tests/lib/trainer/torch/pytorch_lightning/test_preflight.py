@@ -5,7 +5,9 @@ from __future__ import annotations
 import warnings
 
 import pytest
+import pytorch_lightning as pl
 import ray
+import torch
 from _models import create_tiny_model, make_regression_datasets, start_test_ray
 from ray.train import RunConfig, ScalingConfig
 
@@ -15,6 +17,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning import (
 )
 from michelangelo.lib.trainer.torch.pytorch_lightning._preflight import (
     build_meta_model,
+    cannot_build_here,
     check_memory,
     count_meta_parameters,
     estimate_bytes,
@@ -107,3 +110,64 @@ def test_raytask_worker_memory_is_the_budget_and_the_trainer_refuses(data, tmp_p
             run_config=RunConfig(name="fits", storage_path=str(tmp_path)),
             scaling_config=ScalingConfig(num_workers=2),
         )
+
+
+class _MetaItemModel(pl.LightningModule):
+    """Reads a value out of a freshly initialised weight, which a meta tensor cannot give."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(8, 1)
+        self.scale = float(self.net.weight.abs().max().item())
+
+
+def _reads_meta_data():
+    return _MetaItemModel()
+
+
+def _needs_cuda():
+    return create_tiny_model().to("cuda")
+
+
+def _needs_worker_package():
+    import michelangelo_package_only_on_workers  # noqa: F401
+
+    return create_tiny_model()
+
+
+@pytest.mark.parametrize("factory", [_reads_meta_data, _needs_cuda, _needs_worker_package],
+                         ids=["meta-item", "cuda", "missing-package"])
+def test_cannot_build_here_is_skipped_quietly(factory, caplog):
+    with caplog.at_level("DEBUG"):
+        assert build_meta_model(factory, {}) is None
+    assert "preflight skipped" in caplog.text
+
+
+def _buggy_factory(hidden_dim=8):
+    layers = {"in": torch.nn.Linear(8, hidden_dim)}
+    return layers["out"]  # KeyError: the factory's own bug
+
+
+def test_real_factory_errors_surface_with_the_original_chained():
+    with pytest.raises(ValueError) as info:
+        build_meta_model(_buggy_factory, {"hidden_dim": 4})
+    assert "_buggy_factory(**create_model_fn_kwargs) raised KeyError" in str(info.value)
+    assert "Fix" in str(info.value)
+    assert isinstance(info.value.__cause__, KeyError)
+
+
+def test_factory_must_return_a_lightning_module():
+    with pytest.raises(ValueError, match="returned Linear, not a pytorch_lightning.LightningModule"):
+        build_meta_model(lambda: torch.nn.Linear(2, 2), {})
+
+
+def test_cannot_build_here_follows_the_cause_chain():
+    try:
+        try:
+            torch.zeros(1, device="meta").item()
+        except RuntimeError as inner:
+            raise ValueError("could not initialise the head") from inner
+    except ValueError as outer:
+        assert cannot_build_here(outer)
+    assert not cannot_build_here(ValueError("metadata key missing"))
+    assert cannot_build_here(FileNotFoundError("weights.bin"))
