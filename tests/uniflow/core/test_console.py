@@ -112,3 +112,28 @@ def test_plain_progress_lines_are_throttled():
         "[uniflow] 002-train: epoch 2/2  step 10/10  1,234 rows/s  train_loss 0.5  done",
     ]
     assert format_progress({"step": 3}) == "step 3"
+
+
+def test_cli_verbose_flag_streams_task_output(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from michelangelo.cli._main import cli
+
+    monkeypatch.delenv("UF_VERBOSE", raising=False)  # restored after the test
+    workflow = tmp_path / "wf.py"
+    workflow.write_text(
+        "import michelangelo.uniflow.core as uniflow\n\n"
+        "@uniflow.task()\n"
+        "def shout(x: int) -> int:\n"
+        "    print(f'shouting {x}')\n"
+        "    return x\n\n"
+        "@uniflow.workflow()\n"
+        "def main(x: int = 7) -> int:\n"
+        "    return shout(x)\n"
+    )
+    quiet = CliRunner().invoke(cli, ["run", f"{workflow}:main"])
+    assert quiet.exit_code == 0, quiet.output
+    assert "shouting 7" not in quiet.output and "result: 7" in quiet.output
+    loud = CliRunner().invoke(cli, ["--verbose", "run", f"{workflow}:main"])
+    assert loud.exit_code == 0, loud.output
+    assert "shouting 7" in loud.output
