@@ -1,9 +1,10 @@
-"""Quickstart: prepare data on a Ray cluster, train with LightningTrainer, evaluate.
+"""Quickstart: prepare data on a Ray cluster, train with LightningTrainer, register, deploy.
 
-Run it with ``python examples/quickstart/workflow.py`` (or ``make demo``), or through the
-CLI: ``michelangelo run examples/quickstart/workflow.py:quickstart --arg n_rows=4000``.
-Everything here runs on a laptop: uniflow starts a local Ray cluster shaped like each
-RayTask and removes it when the run ends.
+Run it with ``python examples/quickstart/workflow.py`` (or ``make demo``). Everything runs
+on a laptop: uniflow starts a local Ray cluster shaped like each RayTask and removes it when
+the run ends, so the endpoint answers while the run lasts. Start a standing cluster first
+(``michelangelo cluster up``) and the run borrows it instead: the endpoint then stays up
+after the run, for the printed ``curl`` line to reach it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from ray.train import CheckpointConfig, ScalingConfig
 from torch import nn
 
 import michelangelo.uniflow.core as uniflow
+from michelangelo.lib.model_registry import ModelRegistry
 from michelangelo.lib.trainer.torch.pytorch_lightning import (
     LightningTrainer,
     LightningTrainerParam,
@@ -99,37 +101,55 @@ def train(train_dv: DatasetVariable, val_dv: DatasetVariable, epochs: int) -> di
         scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
     )
     result = trainer.train()
-    return {"checkpoint_path": result["checkpoint_path"],
-            "val_loss": float(result["metrics"]["val_loss"])}
+    return {"checkpoint_path": result["checkpoint_path"], "path": result["path"],
+            "metrics": {k: float(v) for k, v in result["metrics"].items()
+                        if isinstance(v, int | float)}}
 
 
 @uniflow.task()
-def evaluate(trained: dict, val_dv: DatasetVariable) -> dict:
-    import os
+def register(trained: dict) -> str:
+    """A new revision of quickstart/regressor; the factory and an input example go with it."""
+    spec = ModelRegistry().register(
+        "quickstart", "regressor", train_result=trained, create_model_fn=create_model,
+        create_model_fn_kwargs={"hidden_dim": 32, "learning_rate": 1e-2},
+        input_example=torch.zeros(2, FEATURES))
+    return f"{spec.project_name}/{spec.model_name}:{spec.revision_id}"
 
-    frame = val_dv.load_pandas_dataframe()
-    ckpt = torch.load(os.path.join(trained["checkpoint_path"], "checkpoint.ckpt"),
-                      map_location="cpu", weights_only=False)
-    model = Regressor(**ckpt["hyper_parameters"])
-    model.load_state_dict(ckpt["state_dict"])
-    model.eval()
-    x = torch.tensor(np.stack(frame["x"].to_list()))
-    y = torch.tensor(frame["y"].to_numpy())
-    with torch.no_grad():
-        mse = float(nn.functional.mse_loss(model(x), y))
-    baseline = float(((y - y.mean()) ** 2).mean())
-    return {"val_mse": mse, "predict_mean_mse": baseline, "rows": len(frame)}
+
+@uniflow.task(config=CLUSTER)
+def deploy(spec: str, val_dv: DatasetVariable, port: int) -> dict:
+    """Serve the revision over HTTP; check its answers against held-out rows."""
+    from michelangelo.lib.serving import deploy as serve_revision
+    from michelangelo.uniflow.plugins.ray import _standing
+
+    endpoint = serve_revision(spec, name="quickstart", port=port)
+    frame = val_dv.load_pandas_dataframe().head(64)
+    x = np.stack(frame["x"].to_list())
+    y = frame["y"].to_numpy()
+    predicted = np.asarray(endpoint.predict(x)).reshape(-1)
+    row = np.round(x[:1].astype(np.float64), 3)  # short numbers for the curl line
+    return {"spec": spec, "url": endpoint.url, "one_row": row.tolist(),
+            "answer": endpoint.predict(row), "curl": endpoint.curl(row),
+            "val_mse": float(((predicted - y) ** 2).mean()),
+            "predict_mean_mse": float(((y - y.mean()) ** 2).mean()),
+            "outlives_run": _standing.find() is not None}
 
 
 @uniflow.workflow()
-def quickstart(n_rows: int = 4000, epochs: int = 3) -> dict:
+def quickstart(n_rows: int = 4000, epochs: int = 3, port: int = 8000) -> dict:
     train_dv, val_dv = prepare(n_rows)
     trained = train(train_dv, val_dv, epochs)
-    return evaluate(trained, val_dv)
+    return deploy(register(trained), val_dv, port)
 
 
 if __name__ == "__main__":
     report = uniflow.create_context().run(quickstart)
-    print(f"quickstart: {report}")
+    print(f"quickstart: deployed {report['spec']} at {report['url']}; over the held-out rows "
+          f"its MSE is {report['val_mse']:.4f} (predicting the mean: "
+          f"{report['predict_mean_mse']:.4f})")
+    print(f"the endpoint answered {report['one_row']} with {report['answer']}")
+    print(f"try it: {report['curl']}")
+    if not report["outlives_run"]:
+        print("(this endpoint ended with the run; run `michelangelo cluster up` first to keep it)")
     if not report["val_mse"] < report["predict_mean_mse"]:
         raise SystemExit("the model did not learn: val MSE is not below the mean predictor's")

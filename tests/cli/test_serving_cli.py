@@ -143,3 +143,26 @@ def test_serve_answers_then_ctrl_c_leaves_no_ray_process(tmp_path, cli_env, monk
     alive = [pid for pid in family if psutil.pid_exists(pid)
              and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert alive == [] and _session_members(nodes) == []
+
+
+def test_stale_record_and_no_cluster_are_reported_in_one_line(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from michelangelo.cli._main import cli
+
+    record = tmp_path / "cluster.json"
+    monkeypatch.setenv("MA_CLUSTER_FILE", str(record))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    record.write_text(json.dumps({
+        "address": "127.0.0.1:1", "dashboard_url": None, "node_pids": [dead.pid],
+        "temp_dir": str(tmp_path / "gone"), "log_dir": str(tmp_path), "task": {},
+        "auth_mode": "disabled", "started_at": 0.0}))
+    status = CliRunner().invoke(cli, ["cluster", "status"])
+    assert status.exit_code == 1 and "is gone" in status.output
+    listed = CliRunner().invoke(cli, ["deployments", "list"])
+    assert listed.exit_code == 1 and "no Ray cluster to deploy on" in listed.output
+    assert "michelangelo cluster up" in listed.output
+    down = CliRunner().invoke(cli, ["cluster", "down"])
+    assert down.exit_code == 0 and not record.exists()
+    assert "no cluster is up" in CliRunner().invoke(cli, ["cluster", "status"]).output

@@ -204,7 +204,9 @@ def test_redeploy_swaps_the_revision_with_zero_failed_requests(env):
     for t in threads:
         t.start()
     try:
-        swapped = serving.deploy(env["specs"]["rows2"], name="rows", registry=env["registry"],
+        # Moving an alias and deploying it again is how a new champion goes live.
+        env["registry"].set_alias("serving", "rows", "champion", env["specs"]["rows2"].revision_id)
+        swapped = serving.deploy("serving/rows@champion", name="rows", registry=env["registry"],
                                  port=env["port"], max_batch_size=MAX_BATCH,
                                  batch_wait_timeout_s=0.05, max_request_bytes=64 * 1024)
         deadline = time.monotonic() + 60

@@ -65,6 +65,16 @@ def _pid_alive(pid: int) -> bool:
     return False
 
 
+def _is_ray_node(pid: int) -> bool:
+    import psutil
+
+    try:
+        cmdline = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+    return any(part.endswith("ray") for part in cmdline[:2]) and "start" in cmdline
+
+
 def read() -> StandingCluster | None:
     """The recorded cluster, alive or not; None when no file exists."""
     path = state_file()
@@ -144,13 +154,16 @@ def down() -> StandingCluster | None:
     cluster = read()
     if cluster is None:
         return None
-    for pid in reversed(cluster.node_pids):  # workers first, then the head
+    # A long-gone cluster's pids may belong to someone else by now: only end `ray start` ones.
+    pids = [pid for pid in cluster.node_pids if _is_ray_node(pid)]
+    for pid in reversed(pids):  # workers first, then the head
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGTERM)
     deadline = time.monotonic() + _STOP_GRACE_S
-    while time.monotonic() < deadline and any(_pid_alive(p) for p in cluster.node_pids):
+    while time.monotonic() < deadline and any(_pid_alive(p) for p in pids):
         time.sleep(0.1)
-    _kill_sessions(set(cluster.node_pids))
+    if pids:
+        _kill_sessions(set(pids))
     shutil.rmtree(cluster.temp_dir, ignore_errors=True)
     with contextlib.suppress(FileNotFoundError):
         os.remove(state_file())
