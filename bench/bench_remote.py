@@ -9,9 +9,9 @@ a user's remote run does is in it: version and capacity checks, packing the proj
 the call and its input, the job (entrypoint: uniflow's job runner, which loads the task,
 connects to the cluster, runs and stores the result), log streaming, reading the result.
 RAW arm: ``JobSubmissionClient(URL).submit_job(entrypoint="python bench/bench_remote.py
---raw-job", runtime_env={"working_dir": <project folder>})``: a job that connects to the
-cluster, calls the same function and disconnects; then its status is polled at the same
-cadence until it ends and its logs are fetched once.
+--raw-job", runtime_env={"working_dir": <the same project files, zipped once>})``: a job that
+connects to the cluster, calls the same function and disconnects; then its status is polled
+at the same cadence until it ends and its logs are fetched once.
 
 Reported: the median over alternated pairs of ours / raw wall time, against the target of at
 most 1.3x, and the medians of each arm.
@@ -84,14 +84,26 @@ def main(argv: list[str] | None = None) -> dict:
     from ray.job_submission import JobSubmissionClient
 
     from michelangelo.uniflow.plugins.ray._local import LocalRayCluster
+    from michelangelo.uniflow.plugins.ray._working_dir import pack_project, project_root
 
     # Jobs run `python`: this virtualenv's, as the Python of a Ray image would be.
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]
+    from michelangelo.uniflow.core.errors import ClusterError
+
     logs = tempfile.mkdtemp(prefix="ufbench-remote-logs-")
-    cluster = LocalRayCluster(RayTask(head_cpu=2, head_memory="2Gi"), logs)
-    cluster.start()
+    for attempt in range(3):  # `ray start` gives up after 30 s on a loaded machine: retry
+        cluster = LocalRayCluster(RayTask(head_cpu=2, head_memory="2Gi"), logs)
+        try:
+            cluster.start()
+            break
+        except ClusterError:
+            if attempt == 2:
+                raise
     ray.shutdown()  # both arms talk to the cluster over HTTP only
     url = cluster.dashboard_url
+    # The raw arm ships the same files as ours, zipped once up front (a plain directory would
+    # also pick up files that only .git/info/exclude keeps out, and be re-hashed every time).
+    project = pack_project(project_root(__file__), logs)
     client = JobSubmissionClient(url)
     try:
         with temp_storage("remote"):
@@ -107,7 +119,7 @@ def main(argv: list[str] | None = None) -> dict:
                 start = time.perf_counter()
                 job = client.submit_job(
                     entrypoint="python bench/bench_remote.py --raw-job",
-                    runtime_env={"working_dir": REPO},
+                    runtime_env={"working_dir": project.zip_path},
                 )
                 assert _wait(client, job) == "SUCCEEDED", client.get_job_logs(job)
                 return time.perf_counter() - start

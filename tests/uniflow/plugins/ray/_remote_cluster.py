@@ -69,7 +69,22 @@ def _node_env(token: str) -> dict[str, str]:
 
 def start(workers: list[dict[str, str]], head: dict[str, str], log_dir: str,
           timeout_s: float = 240) -> RemoteCluster:
-    """Start a head and ``workers`` (each a dict of ``ray start`` resource flags)."""
+    """Start a head and ``workers`` (each a dict of ``ray start`` resource flags).
+
+    On a loaded machine a head can die after starting (its client server times out waiting
+    for the GCS); then the whole cluster is stopped and started again, up to three times.
+    """
+    for attempt in range(3):
+        try:
+            return _start_once(workers, head, log_dir, timeout_s)
+        except NodeExited:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _start_once(workers: list[dict[str, str]], head: dict[str, str], log_dir: str,
+                timeout_s: float) -> RemoteCluster:
     token = secrets.token_hex(16)
     temp_dir = tempfile.mkdtemp(prefix="uf-remote-test-", dir="/tmp")
     port, dashboard = free_port(), free_port()
@@ -94,9 +109,9 @@ def start(workers: list[dict[str, str]], head: dict[str, str], log_dir: str,
                 _wait(lambda: _log_has(cluster.logs[-1], b"Ray runtime started"), cluster,
                       timeout_s)
                 return
-            except NodeExited:
-                if attempt == 4:
-                    raise
+            except NodeExited as exc:
+                if attempt == 4 or exc.proc is not cluster.procs[-1]:
+                    raise  # an earlier node (the head) died: start over
                 cluster.procs.pop()
                 cluster.logs.pop()
 
@@ -192,6 +207,10 @@ def _alive_nodes(cluster: RemoteCluster) -> int:
 class NodeExited(RuntimeError):
     """A `ray start` process of the test cluster ended while starting."""
 
+    def __init__(self, message: str, proc: subprocess.Popen) -> None:
+        super().__init__(message)
+        self.proc = proc
+
 
 def _wait(condition, cluster: RemoteCluster, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
@@ -201,7 +220,7 @@ def _wait(condition, cluster: RemoteCluster, timeout_s: float) -> None:
                 with open(log, errors="replace") as handle:
                     tail = handle.read()[-3000:]
                 _end_session(proc)
-                raise NodeExited(f"a test Ray node exited ({proc.returncode}):\n{tail}")
+                raise NodeExited(f"a test Ray node exited ({proc.returncode}):\n{tail}", proc)
         if time.monotonic() > deadline:
             raise TimeoutError(f"the test Ray cluster was not up within {timeout_s:.0f}s")
         time.sleep(0.25)
