@@ -2,6 +2,9 @@
 # GPU checks, for a session lent a GPU machine (one GPU is enough). Under 8 minutes in all:
 #   1. the GPU-only tests: pytest -m gpu (FSDP1, DeepSpeed, bf16; marked @pytest.mark.gpu),
 #   2. bench/bench_trainer.py --gpu (use_gpu=True, bf16-mixed, 1 worker per visible GPU, at most 2).
+#   3. when CUDA is present: examples/gpt_lora and examples/embeddings end to end at --size gpu
+#      (train -> register -> deploy on one GPU worker); GPU_CHECK_EXAMPLES=0 skips them, and
+#      GPU_CHECK_EXAMPLES_S (default 420) bounds both together, on top of the budget above.
 # Reuses .venv when it exists (else `make setup`). Prints a short summary; exit status 0 only
 # when the tests passed (or none were collected) and the benchmark finished. On a machine
 # without a GPU the gpu tests skip and the benchmark refuses to start.
@@ -52,6 +55,30 @@ else
     echo "skipped: only ${b}s left"
 fi
 
+echo "=== examples at --size gpu ==="
+examples_rc=0
+examples_line="skipped (GPU_CHECK_EXAMPLES=0)"
+if [ "${GPU_CHECK_EXAMPLES:-1}" != "0" ]; then
+    if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+        examples_line=""
+        examples_end=$(( $(date +%s) + ${GPU_CHECK_EXAMPLES_S:-420} ))
+        for example in gpt_lora embeddings; do
+            e=$(( examples_end - $(date +%s) ))
+            if [ "$e" -lt 60 ]; then
+                examples_rc=124; examples_line+="${example}: no time left; "; continue
+            fi
+            example_start=$(date +%s)
+            timeout -k 10 "$e" "$PY" "examples/${example}/workflow.py" --size gpu 2>&1 \
+                | grep -v '^RESULT ' | tail -n 12
+            rc=${PIPESTATUS[0]}
+            [ "$rc" -eq 0 ] || examples_rc=$rc
+            examples_line+="${example}: exit ${rc} ($(( $(date +%s) - example_start )) s); "
+        done
+    else
+        examples_line="skipped: no CUDA device"
+    fi
+fi
+
 echo
 echo "=== SUMMARY ($(( $(date +%s) - start )) s) ==="
 case "$tests_rc" in
@@ -74,6 +101,8 @@ EOF
 else
     echo "gpu bench: did not finish (exit ${bench_rc}, ${bench_s} s)"
 fi
+echo "examples --size gpu: ${examples_line}"
 [ "$tests_rc" -eq 0 ] || [ "$tests_rc" -eq 5 ] || exit 1
 [ "$bench_rc" -eq 0 ] || exit 1
+[ "$examples_rc" -eq 0 ] || exit 1
 exit 0
