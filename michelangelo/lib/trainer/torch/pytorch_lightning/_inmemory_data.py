@@ -48,6 +48,9 @@ class IngestPlan:
 
     in_memory: bool
     reason: str
+    # Row counts the decision already paid for (so the driver does not count twice).
+    train_rows: int | None = None
+    val_rows: int | None = None
 
 
 def read_switch() -> str:
@@ -95,6 +98,50 @@ def known_size_bytes(dataset: Any) -> int | None:
     except Exception:  # noqa: BLE001 - a private API; unknown is a valid answer
         return None
     return int(size) if size is not None else None
+
+
+def fixed_row_bytes(dataset: Any) -> int | None:
+    """Bytes per row when every column has a fixed width and the schema is known unread.
+
+    File reads (``read_parquet``) know their schema from the footers but not their in-memory
+    size; with fixed-width columns, rows x this width is that size.
+    """
+    try:
+        schema = dataset.schema(fetch_if_missing=False)
+    except Exception:  # noqa: BLE001 - unknown is a valid answer
+        return None
+    base = getattr(schema, "base_schema", None)
+    if base is None or not hasattr(base, "types"):
+        return None
+    total = 0
+    for dtype in base.types:
+        shape, scalar = getattr(dtype, "shape", None), getattr(dtype, "value_type", None)
+        if shape is not None and scalar is not None:  # Ray's fixed-shape tensor columns
+            if any(d is None or d < 0 for d in shape):
+                return None
+            count, dtype = math.prod(shape), scalar
+        else:
+            count = 1
+        try:
+            bits = dtype.bit_width
+        except ValueError:  # strings, lists, nested: their size is unknown until read
+            return None
+        total += math.ceil(bits * count / 8)
+    return total
+
+
+def _estimate(dataset: Any) -> tuple[int | None, int | None, str]:
+    """(bytes, rows counted here or None, how the size was known) without reading data."""
+    if dataset is None:
+        return 0, None, "none"
+    size = known_size_bytes(dataset)
+    if size is not None:
+        return size, None, "metadata"
+    width = fixed_row_bytes(dataset)
+    if width is None:
+        return None, None, "unknown"
+    rows = dataset.count()  # the streaming path counts anyway; Parquet counts from footers
+    return rows * width, rows, "rows x fixed row width"
 
 
 def host_memory_per_worker(scaling_config: Any) -> tuple[int, str]:
@@ -145,10 +192,12 @@ def plan_ingest(train_data: Any, val_data: Any, scaling_config: Any) -> IngestPl
         return IngestPlan(False, f"streaming: {ENV_SWITCH}=0")
     if switch == "1":
         return IngestPlan(True, f"in memory: {ENV_SWITCH}=1")
-    train_size, val_size = known_size_bytes(train_data), known_size_bytes(val_data)
+    train_size, train_rows, how = _estimate(train_data)
+    val_size, val_rows, val_how = _estimate(val_data)
     if train_size is None or val_size is None:
         return IngestPlan(False, "streaming: the dataset's size is unknown before it is read "
-                          f"(set {ENV_SWITCH}=1 to keep shards in memory anyway)")
+                          f"(set {ENV_SWITCH}=1 to keep shards in memory anyway)",
+                          train_rows, val_rows)
     workers = scaling_config.num_workers
     workers = max(int(workers[1] if isinstance(workers, tuple) else workers or 1), 1)
     # Every worker holds 1/world of each dataset (streaming_split(equal=True)).
@@ -159,9 +208,10 @@ def plan_ingest(train_data: Any, val_data: Any, scaling_config: Any) -> IngestPl
         memory, source = host_memory_per_worker(scaling_config)
         limit, source = int(memory * MEMORY_FRACTION), f"{MEMORY_FRACTION:.0%} of {source}"
     fits = shard <= limit
-    reason = (f"{'in memory' if fits else 'streaming'}: shard of {shard:,} bytes per worker "
-              f"{'<=' if fits else '>'} {limit:,} bytes ({source})")
-    return IngestPlan(fits, reason)
+    estimated = " (estimated: rows x fixed row width)" if "rows" in how + val_how else ""
+    reason = (f"{'in memory' if fits else 'streaming'}: shard of {shard:,} bytes per worker"
+              f"{estimated} {'<=' if fits else '>'} {limit:,} bytes ({source})")
+    return IngestPlan(fits, reason, train_rows, val_rows)
 
 
 def shuffle_seed(experiment_dir: str | None) -> int:
@@ -253,6 +303,8 @@ class InMemoryBatches:
         self.drop_last = drop_last
         self.pin_memory = pin_memory
         self.sampler = _EpochSampler()
+        # Lightning looks for both on any loader (shuffle warnings, set_epoch); no batch sampler.
+        self.batch_sampler = None
         self._kind = _batch_kind(collate_fn)
         self._data = self._convert(table)
 

@@ -196,10 +196,10 @@ class LightningTrainer(TorchTrainer):
         in_memory = self._ingest.in_memory
         # In memory, each worker counts its own shard as it reads it: counting on the driver
         # would execute a lazy dataset once more before the workers read it.
-        train_rows = 0 if in_memory else param.train_data.count()
+        train_rows = 0 if in_memory else _count(param.train_data, self._ingest.train_rows)
         val_rows = None
         if param.val_data is not None:
-            val_rows = 0 if in_memory else param.val_data.count()
+            val_rows = 0 if in_memory else _count(param.val_data, self._ingest.val_rows)
         return WorkerSpec(
             create_model_fn=param.create_model_fn,
             create_model_fn_kwargs=dict(param.create_model_fn_kwargs),
@@ -242,3 +242,8 @@ def _metrics_url(run_config: RunConfig, spec: WorkerSpec) -> str | None:
         record_artifact("metrics", name=name, path=relative)
         return f"{call.scratch_url}/{relative}"
     return f"{spec.experiment_dir}/metrics.jsonl" if spec.experiment_dir else None
+
+
+def _count(dataset: Any, counted: int | None) -> int:
+    """Rows of ``dataset``, reusing the count the ingest decision already made."""
+    return counted if counted is not None else dataset.count()
