@@ -124,6 +124,7 @@ def resolve_lightning_kwargs(param: LightningTrainerParam) -> ResolvedKwargs:
             )
     _choose_defaults(kwargs, param)
     _choose_checkpointing(kwargs)
+    _choose_plugins(kwargs)
     strategy = choose_strategy(kwargs.pop("strategy", None), siblings["strategy_kwargs"])
     logger_choice = _choose_logger(kwargs, siblings["logger_kwargs"])
     profiler = _choose_profiler(kwargs, siblings["profiler_kwargs"])
@@ -191,6 +192,12 @@ def _choose_checkpointing(kwargs: dict[str, Any]) -> None:
         )
     kwargs["callbacks"] = callbacks
     kwargs["enable_checkpointing"] = derived
+
+
+def _choose_plugins(kwargs: dict[str, Any]) -> None:
+    # Lightning takes a plugin or a list of them; a tuple reads naturally too, so accept it.
+    if isinstance(kwargs.get("plugins"), tuple):
+        kwargs["plugins"] = list(kwargs["plugins"])
 
 
 def _choose_logger(kwargs: dict[str, Any], logger_kwargs: Any) -> LoggerChoice:

@@ -159,3 +159,10 @@ def test_every_trainer_parameter_and_sibling_is_accepted_by_name():
     assert names == set(inspect.signature(pl.Trainer).parameters)
     check_kwargs(pl.Trainer, dict.fromkeys([*names, *SIBLING_KEYS]), label="k",
                  target="pytorch_lightning.Trainer", extra_names=SIBLING_KEYS)
+
+
+def test_a_tuple_of_plugins_becomes_a_list(data):
+    from lightning_fabric.plugins.environments import LightningEnvironment
+
+    environment = LightningEnvironment()
+    assert resolve(data, {"plugins": (environment,)}).trainer_kwargs["plugins"] == [environment]
