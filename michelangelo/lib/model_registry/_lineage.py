@@ -12,6 +12,8 @@ from typing import Any
 
 __all__ = ["clean_metrics", "collect_lineage", "package_versions", "user_name"]
 
+_RESERVED = frozenset({"source", "uniflow", "checkpoint", "checkpoint_format", "training_run",
+                       "datasets"})
 _PACKAGES = ("torch", "pytorch-lightning", "ray", "safetensors", "numpy", "michelangelo")
 
 
@@ -82,7 +84,7 @@ def collect_lineage(
 
     The uniflow run and task come from ``current_call()`` when registering inside a task;
     the training run path comes from the trainer's ``train()`` result when given; datasets
-    are recorded with their fingerprints.
+    are recorded with their fingerprints; ``extra`` keys (scalars) are added as they are.
     """
     from michelangelo.uniflow.core import current_call
 
@@ -101,6 +103,9 @@ def collect_lineage(
             lineage["checkpoint"] = str(train_result["checkpoint_path"])
     if datasets:
         lineage["datasets"] = [_dataset_entry(str(k), v) for k, v in datasets.items()]
-    if extra:
-        lineage["extra"] = clean_metrics(extra)
+    for key, value in clean_metrics(extra).items():
+        if key in lineage or key in _RESERVED:
+            raise ValueError(f"lineage[{key!r}] is set by the registry itself. Fix: use another "
+                             f"key (reserved: {sorted(_RESERVED)}).")
+        lineage[key] = value
     return lineage

@@ -204,7 +204,6 @@ class ModelRegistry:
                                                                  factory["kwargs"], weights)
             example, signature = example_and_signature(runner, input_example)
 
-        encoded = st.encode(weights)
         lineage_map = collect_lineage(
             source="checkpoint" if checkpoint_path is not None else
             ("model" if model is not None else "state_dict"),
@@ -212,7 +211,7 @@ class ModelRegistry:
             train_result=train_result, datasets=datasets, extra=lineage)
         if source_format:
             lineage_map["checkpoint_format"] = source_format
-        return self._write(project_name, model_name, encoded, training, {
+        return self._write(project_name, model_name, weights, training, {
             "created_at": time.time(), "metrics": metric_map, "description": description,
             "tags": tag_map, "factory": factory, "lineage": lineage_map,
             "versions": package_versions(), "signature": signature or {},
@@ -256,15 +255,15 @@ class ModelRegistry:
         built.load_state_dict(aligned, strict=False)
         return built
 
-    def _write(self, project: str, model: str, encoded: bytes, training: TrainingState | None,
-               metadata: dict[str, Any]) -> ModelSpec:
+    def _write(self, project: str, model: str, weights: Mapping[str, torch.Tensor],
+               training: TrainingState | None, metadata: dict[str, Any]) -> ModelSpec:
         store = self._store
         staging = store.new_staging(project, model)
         try:
-            digest = st.sha256_of(encoded)
-            store.write(posixpath.join(staging, WEIGHTS_FILE), encoded)
-            metadata["weights_sha256"] = digest.result()
-            metadata["weights_bytes"] = len(encoded)
+            with store.open_write(posixpath.join(staging, WEIGHTS_FILE)) as handle:
+                size, digest = st.write_state_dict(handle, weights)
+            metadata["weights_sha256"] = digest
+            metadata["weights_bytes"] = size
             if training is not None:
                 tensors, skeleton = split_states(training.optimizer_states)
                 blob = st.encode(tensors, "optimizer state")
@@ -272,7 +271,7 @@ class ModelRegistry:
                 store.write(posixpath.join(staging, OPTIMIZER_JSON),
                             json.dumps(skeleton).encode())
                 metadata["optimizer_state"] = {
-                    "sha256": st.sha256_of(blob).result(), "bytes": len(blob),
+                    "sha256": st.sha256_of(blob), "bytes": len(blob),
                     "num_optimizers": len(skeleton), "epoch": training.epoch,
                     "global_step": training.global_step}
             revision = store.claim_revision(project, model)
@@ -284,7 +283,7 @@ class ModelRegistry:
             store.discard(staging)
             raise
         logger.info("Registered %s/%s:%d (%d bytes of weights) in %s", project, model, revision,
-                    len(encoded), self.url)
+                    metadata["weights_bytes"], self.url)
         return ModelSpec(project, model, revision)
 
     # ---- read ----------------------------------------------------------------------------
@@ -374,16 +373,14 @@ class ModelRegistry:
         """Project names that hold at least one model folder."""
         return self._store.projects()
 
-    def _read_verified(self, spec: ModelSpec, name: str, expected: str) -> bytes:
-        assert isinstance(spec.revision_id, int)
-        path = self._store.file(spec.project_name, spec.model_name, spec.revision_id, name)
+    def _read_small(self, revision: Revision, name: str) -> bytes:
+        path = self._store.file(revision.project_name, revision.model_name,
+                                revision.revision_id, name)
         try:
-            data = self._store.storage.read_bytes(path)
+            return self._store.storage.read_bytes(path)
         except FileNotFoundError:
-            raise WeightsIntegrityError(
-                f"revision {spec.project_name}/{spec.model_name}:{spec.revision_id} is missing "
-                f"its {name}. Fix: re-register the model.") from None
-        return data
+            raise WeightsIntegrityError(f"revision {revision.name} is missing its {name}. Fix: "
+                                        "re-register the model.") from None
 
     def load_state_dict(self, spec: str | ModelSpec) -> dict[str, torch.Tensor]:
         """The revision's weights as CPU tensors (tied names tied again), sha256 verified.
@@ -393,16 +390,19 @@ class ModelRegistry:
             WeightsIntegrityError: The stored file does not match its recorded sha256.
         """
         revision = self.get(spec)
-        data = self._read_verified(revision.spec, WEIGHTS_FILE, revision.weights_sha256)
-        digest = st.sha256_of(data)
+        path = self._store.file(revision.project_name, revision.model_name,
+                                revision.revision_id, WEIGHTS_FILE)
         try:
-            weights = st.decode(data)
-        except Exception as error:  # noqa: BLE001 - a corrupt file must be named as such
-            digest.result()
+            size = self._store.size(path)
+            if size != revision.weights_bytes:
+                raise ValueError(f"{size} bytes, recorded {revision.weights_bytes}")
+            with self._store.open_read(path) as handle:
+                weights, digest = st.read_state_dict(handle, size)
+        except (OSError, ValueError) as error:
             raise WeightsIntegrityError(
-                f"revision {revision.name} has unreadable weights ({error}). Fix: re-register "
-                "the model.") from None
-        _verify(revision, digest.result(), revision.weights_sha256, WEIGHTS_FILE)
+                f"revision {revision.name}: {WEIGHTS_FILE} is unreadable or truncated ({error})."
+                " Fix: re-register the model; do not serve this revision.") from None
+        _verify(revision, digest, revision.weights_sha256, WEIGHTS_FILE)
         return weights
 
     def load_training_state(self, spec: str | ModelSpec) -> TrainingStateRecord:
@@ -419,10 +419,10 @@ class ModelRegistry:
                 f"revision {revision.name} kept no optimizer state. Fix: register it from the "
                 "run's checkpoint with keep_optimizer_state=True, or set "
                 "load_optimizer_weights=False.")
-        blob = self._read_verified(revision.spec, OPTIMIZER_FILE, info["sha256"])
-        _verify(revision, st.sha256_of(blob).result(), info["sha256"], OPTIMIZER_FILE)
-        skeleton = json.loads(self._read_verified(revision.spec, OPTIMIZER_JSON, ""))
-        return TrainingStateRecord(join_states(st.decode(blob), skeleton),
+        blob = self._read_small(revision, OPTIMIZER_FILE)
+        _verify(revision, st.sha256_of(blob), info["sha256"], OPTIMIZER_FILE)
+        skeleton = json.loads(self._read_small(revision, OPTIMIZER_JSON))
+        return TrainingStateRecord(join_states(st.decode(bytearray(blob)), skeleton),
                                    int(info["epoch"]), int(info["global_step"]))
 
     def weights_shapes(self, spec: str | ModelSpec) -> dict[str, tuple[int, ...]]:

@@ -27,7 +27,7 @@ import posixpath
 import threading
 import time
 import uuid
-from typing import Any
+from typing import IO, Any
 
 from michelangelo.uniflow.core._storage import Storage
 
@@ -141,6 +141,23 @@ class ModelStore:
 
     def write(self, path: str, data: bytes) -> None:
         self.storage.write_bytes(path, data)
+
+    def open_write(self, path: str) -> IO[bytes]:
+        """A file to stream into; only used inside a staging folder, which readers ignore."""
+        if self.storage.is_local:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            return open(path, "wb")  # noqa: SIM115 - the caller's with-block closes it
+        return self.storage.fs.open(path, "wb")
+
+    def open_read(self, path: str) -> IO[bytes]:
+        if self.storage.is_local:
+            return open(path, "rb")  # noqa: SIM115 - the caller's with-block closes it
+        return self.storage.fs.open(path, "rb")
+
+    def size(self, path: str) -> int:
+        if self.storage.is_local:
+            return os.path.getsize(path)
+        return int(self.storage.fs.size(path))
 
     def publish(self, staging: str, project: str, model: str, revision: int,
                 metadata: dict[str, Any]) -> None:

@@ -223,3 +223,30 @@ def test_parse_model_spec_forms():
     for bad in ("p", "p/m:x", "p/m:0", "p/m/x", "p/m@", ""):
         with pytest.raises(ValueError, match="model spec|revision|not a valid"):
             parse_model_spec(bad)
+
+
+def test_weights_file_is_plain_safetensors_both_ways(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from michelangelo.lib.model_registry import _safetensors as st
+
+    mixed = {"a": torch.randn(3, 5), "b": torch.arange(7, dtype=torch.int64),
+             "c": torch.randn(4, dtype=torch.float64).to(torch.bfloat16),
+             "d": torch.tensor([True, False, True]), "e": torch.zeros(0, 3),
+             "f": torch.tensor(2.5), "g": torch.randn(5, 3).t()}
+    registry = ModelRegistry(str(tmp_path / "r"))
+    spec = registry.register("p", "mixed", state_dict=mixed)
+    path = registry._store.file("p", "mixed", spec.revision_id, "weights.safetensors")
+    theirs = load_file(path)  # the safetensors library reads our file
+    ours = registry.load_state_dict(spec)
+    for key, value in mixed.items():
+        assert torch.equal(theirs[key], value) and torch.equal(ours[key], value), key
+        assert ours[key].dtype == value.dtype and ours[key].shape == value.shape
+    save_file({k: v.contiguous() for k, v in mixed.items()}, str(tmp_path / "lib.safetensors"))
+    with open(tmp_path / "lib.safetensors", "rb") as handle:
+        data = handle.read()
+    with open(tmp_path / "lib.safetensors", "rb") as handle:
+        back, digest = st.read_state_dict(handle, len(data))
+    assert digest == st.sha256_of(data)
+    for key, value in mixed.items():
+        assert torch.equal(back[key], value), key

@@ -81,7 +81,7 @@ def test_checkpoint_from_memory_url_and_train_result(ddp_checkpoint, tmp_path):
     assert revision.lineage["training_run"] == "memory://ckpts/run1"
     assert revision.lineage["checkpoint"] == result["checkpoint_path"]
     assert revision.lineage["datasets"] == [{"name": "train", "fingerprint": "abc123"}]
-    assert revision.lineage["extra"] == {"git": "deadbeef"}
+    assert revision.lineage["git"] == "deadbeef"
     assert torch.equal(registry.load_state_dict(spec)["net.2.bias"], weights["net.2.bias"])
 
 
