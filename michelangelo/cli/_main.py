@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from michelangelo.cli._loading import load_target, parse_args
+from michelangelo.cli._models import models
 from michelangelo.cli._runs import runs
 from michelangelo.cli._serving import cluster, deployments, serve_cmd
 
@@ -78,6 +79,7 @@ def run(target: str, args: tuple[str, ...], resume: str | None, storage_url: str
 
 
 cli.add_command(runs)
+cli.add_command(models)
 
 
 def main() -> None:
