@@ -88,10 +88,13 @@ class ProgressReport(pl.Callback):
             if "loss" in name and len(metrics) < _MAX_METRICS:
                 with contextlib.suppress(Exception):
                     metrics[name] = round(float(value), 6)
+        max_epochs = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else None
+        epoch = trainer.current_epoch
+        if max_epochs is not None:
+            epoch = min(epoch, max_epochs - 1)  # Lightning counts one past the last at the end
         return {
-            "epoch": trainer.current_epoch,
-            "max_epochs": trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0
-            else None,
+            "epoch": epoch,
+            "max_epochs": max_epochs,
             "step": step,
             "total_steps": total if total and total > 0 else None,
             "rows_per_s": self._batches * self.rows_per_batch / elapsed,
