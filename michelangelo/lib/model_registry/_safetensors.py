@@ -166,6 +166,13 @@ def encode(state_dict: Mapping[str, Any], what: str = "state_dict") -> bytes:
     return buffer.getvalue()
 
 
+def _head_bytes(raw: torch.Tensor) -> bytes:
+    if len(raw) < 8:
+        return raw.numpy().tobytes()
+    (length,) = struct.unpack("<Q", raw[:8].numpy().tobytes())
+    return raw[: 8 + min(length, len(raw) - 8)].numpy().tobytes()
+
+
 def read_header(data: bytes | bytearray | memoryview) -> dict[str, Any]:
     """The JSON header of a safetensors file from its first ``8 + header length`` bytes."""
     if len(data) < 8:
@@ -176,14 +183,23 @@ def read_header(data: bytes | bytearray | memoryview) -> dict[str, Any]:
     return json.loads(bytes(data[8 : 8 + length]))
 
 
-def decode(buffer: bytearray) -> dict[str, torch.Tensor]:
+def decode(buffer: bytearray | torch.Tensor) -> dict[str, torch.Tensor]:
     """Tensors viewing ``buffer`` (a whole safetensors file, not copied), shared names re-tied.
+
+    Args:
+        buffer: The file's bytes, as a ``bytearray`` or a 1-d ``torch.uint8`` tensor.
 
     Raises:
         ValueError: The buffer is not a well-formed safetensors file.
     """
-    header = read_header(buffer)
-    base = 8 + struct.unpack("<Q", bytes(buffer[:8]))[0]
+    if isinstance(buffer, torch.Tensor):
+        raw = buffer
+    elif len(buffer):
+        raw = torch.frombuffer(buffer, dtype=torch.uint8)
+    else:
+        raw = torch.empty(0, dtype=torch.uint8)
+    header = read_header(_head_bytes(raw))
+    base = 8 + struct.unpack("<Q", raw[:8].numpy().tobytes())[0]
     metadata = header.pop("__metadata__", None) or {}
     out: dict[str, torch.Tensor] = {}
     for key, entry in header.items():
@@ -196,14 +212,15 @@ def decode(buffer: bytearray) -> dict[str, torch.Tensor]:
         count = 1
         for dim in shape:
             count *= dim
-        if end - start != count * size or base + end > len(buffer):
+        if end - start != count * size or base + end > len(raw):
             raise ValueError(f"tensor {key!r}: byte range {start}..{end} does not fit its "
                              f"shape {shape} or the file")
         if count == 0:
             out[key] = torch.empty(shape, dtype=dtype)
-        else:
-            out[key] = torch.frombuffer(buffer, dtype=dtype, count=count,
-                                        offset=base + start).reshape(shape)
+        elif (base + start) % size == 0:
+            out[key] = raw[base + start : base + end].view(dtype).reshape(shape)
+        else:  # misaligned (not written by us or the library): copy out
+            out[key] = raw[base + start : base + end].clone().view(dtype).reshape(shape)
     for key, target in json.loads(metadata.get(_SHARED_KEY, "{}")).items():
         out[key] = out[target]
     return out
@@ -219,8 +236,9 @@ def read_state_dict(handle: IO[bytes], size: int) -> tuple[dict[str, torch.Tenso
     Raises:
         ValueError: The file is shorter than ``size`` or malformed.
     """
-    buffer = bytearray(size)
-    view = memoryview(buffer)
+    # torch.empty: no zero-filling pass over memory the read overwrites anyway.
+    buffer = torch.empty(size, dtype=torch.uint8)
+    view = memoryview(buffer.numpy())
     digest = hashlib.sha256()
     pending: concurrent.futures.Future[Any] | None = None
     position, step = 0, 32 << 20
