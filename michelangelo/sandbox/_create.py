@@ -1,0 +1,201 @@
+"""``sandbox create``: ordered, idempotent steps, each saying what it did or found done.
+
+Every step first looks at what exists (a kind cluster, a helm release, an image, a Secret)
+and only then acts, so a second ``create`` changes nothing and rerunning after a failure
+continues where it stopped. The storage credentials are created once and then read back from
+the cluster's Secret: MinIO keeps the root user it first started with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from michelangelo.sandbox._commands import run
+from michelangelo.sandbox._doctor import doctor
+from michelangelo.sandbox._errors import SandboxError
+from michelangelo.sandbox._image import find_project_root, plan_image, write_context
+from michelangelo.sandbox._kind_config import kind_config
+from michelangelo.sandbox._settings import (
+    BUCKET,
+    CLUSTER_NAME,
+    HOST_PORTS,
+    KUBE_CONTEXT,
+    KUBERAY_NAMESPACE,
+    KUBERAY_VERSION,
+    NAMESPACE,
+    STORAGE_SECRET,
+    SandboxSettings,
+    settings_path,
+    write_sandbox_settings,
+)
+from michelangelo.sandbox._storage import (
+    BUCKET_JOB,
+    MINIO_SERVICE,
+    credentials_from_secret,
+    in_cluster_endpoint,
+    new_credentials,
+    storage_manifests,
+)
+
+KUBERAY_REPO = ("kuberay", "https://ray-project.github.io/kuberay-helm/")
+KUBERAY_RELEASE = "kuberay-operator"
+_WAIT = "300s"
+
+
+@dataclass
+class CreateOptions:
+    """What ``create`` may vary: the project to build the image from, and the waits."""
+
+    project_root: str | None = None
+    wait: str = _WAIT
+
+
+class Creator:
+    """Runs the create steps in order, reporting each one through ``echo``."""
+
+    def __init__(self, options: CreateOptions, echo: Callable[[str], None]) -> None:
+        self.options = options
+        self.echo = echo
+        self.kubectl = ("kubectl", "--context", KUBE_CONTEXT)
+        self._credentials: tuple[str, str] | None = None
+        self._image: str | None = None
+
+    def steps(self) -> list[tuple[str, Callable[[], str]]]:
+        return [
+            ("check tools", self.check_tools),
+            (f"kind cluster '{CLUSTER_NAME}'", self.kind_cluster),
+            (f"kubeconfig context '{KUBE_CONTEXT}'", self.kube_context),
+            (f"KubeRay operator {KUBERAY_VERSION} (helm)", self.kuberay),
+            (f"MinIO and its credentials Secret '{STORAGE_SECRET}'", self.minio),
+            (f"bucket '{BUCKET}'", self.bucket),
+            ("runtime image", self.build_image),
+            ("image loaded into kind", self.load_image),
+            ("settings file", self.write_settings),
+        ]
+
+    def create(self) -> SandboxSettings:
+        """Run every step; returns the settings written at the end."""
+        steps = self.steps()
+        for number, (title, step) in enumerate(steps, 1):
+            self.echo(f"[{number}/{len(steps)}] {title} ...")
+            started = time.monotonic()
+            outcome = step()
+            self.echo(f"      {outcome} ({time.monotonic() - started:.1f} s)")
+        return self.settings
+
+    # -- steps -----------------------------------------------------------------------------
+    def check_tools(self) -> str:
+        bad = [r for r in doctor() if not r.ok]
+        if bad:
+            lines = "\n".join(f"  {r.name}: {r.problem}; {r.fix}" for r in bad)
+            raise SandboxError(f"the sandbox cannot be created yet:\n{lines}")
+        return "docker, kind, kubectl and helm are ready"
+
+    def kind_cluster(self) -> str:
+        if CLUSTER_NAME in run(("kind", "get", "clusters")).stdout.split():
+            return "exists, kept"
+        config = os.path.join(os.path.dirname(os.path.abspath(settings_path())),
+                              "sandbox-kind.json")
+        os.makedirs(os.path.dirname(config), exist_ok=True)
+        with open(config, "w", encoding="utf-8") as handle:
+            json.dump(kind_config(), handle, indent=2)
+        run(("kind", "create", "cluster", "--name", CLUSTER_NAME, "--config", config,
+             "--wait", "120s"), timeout=900)
+        ports = ", ".join(f"127.0.0.1:{host}" for host, _ in HOST_PORTS.values())
+        return f"created (ports {ports}; config {config})"
+
+    def kube_context(self) -> str:
+        # Rewrites the context if another tool replaced the kubeconfig; a no-op otherwise.
+        run(("kind", "export", "kubeconfig", "--name", CLUSTER_NAME))
+        return "ready"
+
+    def kuberay(self) -> str:
+        helm = ("--kube-context", KUBE_CONTEXT, "--namespace", KUBERAY_NAMESPACE)
+        listed = json.loads(run(("helm", "list", *helm, "--output", "json")).stdout or "[]")
+        release = next((r for r in listed if r.get("name") == KUBERAY_RELEASE), None)
+        wanted = f"kuberay-operator-{KUBERAY_VERSION}"
+        if release and release.get("chart") == wanted and release.get("status") == "deployed":
+            outcome = "installed, kept"
+        else:
+            run(("helm", "repo", "add", *KUBERAY_REPO, "--force-update"))
+            run(("helm", "upgrade", "--install", KUBERAY_RELEASE,
+                 f"{KUBERAY_REPO[0]}/kuberay-operator", "--version", KUBERAY_VERSION,
+                 *helm, "--create-namespace"), timeout=600)
+            outcome = "installed" if release is None else \
+                f"upgraded from {release.get('chart')} ({release.get('status')})"
+        run((*self.kubectl, "--namespace", KUBERAY_NAMESPACE, "rollout", "status",
+             f"deployment/{KUBERAY_RELEASE}", f"--timeout={self.options.wait}"), timeout=900)
+        return f"{outcome}; operator deployment available"
+
+    def minio(self) -> str:
+        found = run((*self.kubectl, "--namespace", NAMESPACE, "get", "secret", STORAGE_SECRET,
+                     "--output", "json", "--ignore-not-found"))
+        existing = credentials_from_secret(json.loads(found.stdout)) if found.stdout.strip() \
+            else None
+        self._credentials = existing or new_credentials()
+        manifests = storage_manifests(NAMESPACE, *self._credentials)
+        applied = run((*self.kubectl, "apply", "--filename", "-"),
+                      input=json.dumps(manifests)).stdout
+        run((*self.kubectl, "--namespace", NAMESPACE, "rollout", "status",
+             f"deployment/{MINIO_SERVICE}", f"--timeout={self.options.wait}"), timeout=900)
+        changed = sum(1 for line in applied.splitlines()
+                      if line.rstrip().endswith(("created", "configured")))
+        credentials = "kept" if existing else "new"
+        return (f"{changed} object(s) created or changed, credentials {credentials}; "
+                f"S3 at http://127.0.0.1:{HOST_PORTS['s3'][0]}")
+
+    def bucket(self) -> str:
+        run((*self.kubectl, "--namespace", NAMESPACE, "wait", "--for=condition=complete",
+             f"job/{BUCKET_JOB}", f"--timeout={self.options.wait}"), timeout=900)
+        return f"s3://{BUCKET} exists"
+
+    def build_image(self) -> str:
+        root = self.options.project_root or find_project_root()
+        plan = plan_image(root)
+        self._image = plan.tag
+        if run(("docker", "image", "inspect", plan.tag), check=False).returncode == 0:
+            return f"{plan.tag} exists, kept"
+        with tempfile.TemporaryDirectory(prefix="michelangelo-sandbox-") as context:
+            dockerfile = write_context(root, context)
+            build_args = [arg for key, value in sorted(plan.build_args.items())
+                          for arg in ("--build-arg", f"{key}={value}")]
+            run(("docker", "build", "--tag", plan.tag, *build_args, "--file", dockerfile,
+                 context), timeout=3600)
+        return f"{plan.tag} built from {plan.base_image}"
+
+    def load_image(self) -> str:
+        # kind compares image IDs and skips nodes that already have it.
+        run(("kind", "load", "docker-image", self._image, "--name", CLUSTER_NAME), timeout=900)
+        return f"{self._image} on the kind node"
+
+    def write_settings(self) -> str:
+        path = write_sandbox_settings(self.settings)
+        return f"{path} (mode 0600)"
+
+    @property
+    def settings(self) -> SandboxSettings:
+        if self._credentials is None or self._image is None:
+            raise SandboxError("the settings are known only after the storage and image steps")
+        return SandboxSettings(
+            kube_context=KUBE_CONTEXT,
+            namespace=NAMESPACE,
+            image=self._image,
+            storage_url=f"s3://{BUCKET}/uniflow",
+            s3_endpoint=f"http://127.0.0.1:{HOST_PORTS['s3'][0]}",
+            s3_endpoint_in_cluster=in_cluster_endpoint(NAMESPACE),
+            storage_secret=STORAGE_SECRET,
+            node_ports={name: node for name, (_, node) in HOST_PORTS.items()},
+            access_key=self._credentials[0],
+            secret_key=self._credentials[1],
+        )
+
+
+def create_sandbox(options: CreateOptions | None = None,
+                   echo: Callable[[str], None] = print) -> SandboxSettings:
+    """Create (or complete) the sandbox; see the module docstring for the steps."""
+    return Creator(options or CreateOptions(), echo).create()

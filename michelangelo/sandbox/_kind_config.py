@@ -1,0 +1,32 @@
+"""The kind cluster configuration: one node whose service ports reach ``127.0.0.1``.
+
+kind forwards a host port to a port of the node container; a Kubernetes Service of type
+NodePort with that node port then answers on the host. Binding to ``127.0.0.1`` keeps the Ray
+dashboard (which runs jobs) and MinIO off the network.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from michelangelo.sandbox._settings import HOST_PORTS
+
+
+def kind_config(host_ports: dict[str, tuple[int, int]] | None = None) -> dict[str, Any]:
+    """A ``kind.x-k8s.io/v1alpha4`` Cluster with the port mappings the sandbox uses.
+
+    Args:
+        host_ports: ``name -> (host port, node port)``; defaults to the sandbox's
+            (Ray dashboard 8265, Serve 8000, MinIO 9000 and console 9001).
+
+    Returns:
+        The configuration as a dict; written as JSON, which kind reads as YAML.
+    """
+    ports = HOST_PORTS if host_ports is None else host_ports
+    mappings = [{"containerPort": node, "hostPort": host, "listenAddress": "127.0.0.1",
+                 "protocol": "TCP"} for host, node in ports.values()]
+    return {
+        "kind": "Cluster",
+        "apiVersion": "kind.x-k8s.io/v1alpha4",
+        "nodes": [{"role": "control-plane", "extraPortMappings": mappings}],
+    }

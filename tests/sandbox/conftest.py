@@ -1,0 +1,80 @@
+"""Sandbox tests run the real CLI against recording stand-ins for docker, kind, kubectl, helm."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import pytest
+from click.testing import CliRunner
+
+from michelangelo.cli._main import cli
+from tests.sandbox import _tool_doubles
+
+
+@dataclass
+class Tools:
+    """The stand-ins' folder, state and record, with helpers to read and change them."""
+
+    bin: str
+    state_path: str
+    record_path: str
+    settings_path: str
+    project: str
+
+    def calls(self) -> list[dict]:
+        return _tool_doubles.read_record(self.record_path)
+
+    def commands(self) -> list[list[str]]:
+        return [[c["tool"], *c["argv"]] for c in self.calls()]
+
+    def forget_calls(self) -> None:
+        if os.path.exists(self.record_path):
+            os.unlink(self.record_path)
+
+    def state(self) -> dict:
+        with open(self.state_path) as handle:
+            return json.load(handle)
+
+    def set_state(self, **changes) -> None:
+        state = self.state()
+        state.update(changes)
+        with open(self.state_path, "w") as handle:
+            json.dump(state, handle)
+
+    def invoke(self, *args: str):
+        return CliRunner().invoke(cli, ["sandbox", *args], catch_exceptions=False)
+
+
+def _project(folder: str) -> str:
+    """A minimal source checkout for the image step (what 'pip install .' needs, plus junk)."""
+    files = {"pyproject.toml": "[project]\nname = 'michelangelo'\n",
+             "constraints.txt": "ray==2.60.0\n", "README.md": "# m\n",
+             "michelangelo/__init__.py": "", "michelangelo/sandbox/Dockerfile": "FROM x\n",
+             "michelangelo/__pycache__/x.cpython-311.pyc": "",
+             ".venv/lib/big.bin": "not for the image", "data/rows.parquet": "no"}
+    for rel, text in files.items():
+        path = os.path.join(folder, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as handle:
+            handle.write(text)
+    return folder
+
+
+def make_tools(root, monkeypatch, tools=_tool_doubles.TOOLS) -> Tools:
+    root = str(root)
+    found = Tools(os.path.join(root, "bin"), os.path.join(root, "state.json"),
+                  os.path.join(root, "record.jsonl"), os.path.join(root, "home", "sandbox.json"),
+                  _project(os.path.join(root, "project")))
+    _tool_doubles.install(found.bin, found.state_path, found.record_path, tools)
+    # The stand-ins alone on PATH: the machine's own docker or kubectl must never be reached.
+    monkeypatch.setenv("PATH", found.bin)
+    monkeypatch.setenv("HOME", os.path.join(root, "home"))
+    monkeypatch.setenv("MA_SANDBOX_FILE", found.settings_path)
+    return found
+
+
+@pytest.fixture
+def tools(tmp_path, monkeypatch) -> Tools:
+    return make_tools(tmp_path, monkeypatch)

@@ -1,0 +1,209 @@
+"""``sandbox create`` against the stand-ins: the exact commands, the manifests, idempotence."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import sys
+
+import pytest
+
+from michelangelo.sandbox import load_sandbox_settings
+from michelangelo.sandbox._image import base_image
+from tests.sandbox.conftest import make_tools
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CTX = ["--context", "kind-michelangelo"]
+DOCTOR = [["docker", "--version"], ["kind", "version"],
+          ["kubectl", "version", "--client", "-o", "json"], ["helm", "version", "--short"],
+          ["docker", "info", "--format", "{{.ServerVersion}}"]]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Two ``create`` runs on one machine state: what each printed and which calls it made."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        tools = make_tools(tmp_path_factory.mktemp("create"), monkeypatch)
+        first = tools.invoke("create", "--project-dir", tools.project)
+        first_calls = tools.calls()
+        with open(tools.settings_path) as handle:
+            first_settings = handle.read()
+        mode = stat.S_IMODE(os.stat(tools.settings_path).st_mode)
+        tools.forget_calls()
+        second = tools.invoke("create", "--project-dir", tools.project)
+        with open(tools.settings_path) as handle:
+            second_settings = handle.read()
+        yield {"tools": tools, "first": first, "first_calls": first_calls, "mode": mode,
+               "first_settings": first_settings, "second": second,
+               "second_calls": tools.calls(), "second_settings": second_settings,
+               "settings": load_sandbox_settings(tools.settings_path)}
+
+
+def _argv(calls):
+    return [[c["tool"], *c["argv"]] for c in calls]
+
+
+def test_first_run_command_sequence(runs):
+    assert runs["first"].exit_code == 0, runs["first"].output
+    settings = runs["settings"]
+    calls = _argv(runs["first_calls"])
+    config = calls[6][6]
+    build = next(c for c in calls if c[:2] == ["docker", "build"])
+    context = build[-1]
+    assert calls == [
+        *DOCTOR,
+        ["kind", "get", "clusters"],
+        ["kind", "create", "cluster", "--name", "michelangelo", "--config", config,
+         "--wait", "120s"],
+        ["kind", "export", "kubeconfig", "--name", "michelangelo"],
+        ["helm", "list", "--kube-context", "kind-michelangelo", "--namespace",
+         "kuberay-system", "--output", "json"],
+        ["helm", "repo", "add", "kuberay", "https://ray-project.github.io/kuberay-helm/",
+         "--force-update"],
+        ["helm", "upgrade", "--install", "kuberay-operator", "kuberay/kuberay-operator",
+         "--version", "1.7.0", "--kube-context", "kind-michelangelo", "--namespace",
+         "kuberay-system", "--create-namespace"],
+        ["kubectl", *CTX, "--namespace", "kuberay-system", "rollout", "status",
+         "deployment/kuberay-operator", "--timeout=300s"],
+        ["kubectl", *CTX, "--namespace", "michelangelo", "get", "secret",
+         "michelangelo-storage", "--output", "json", "--ignore-not-found"],
+        ["kubectl", *CTX, "apply", "--filename", "-"],
+        ["kubectl", *CTX, "--namespace", "michelangelo", "rollout", "status",
+         "deployment/minio", "--timeout=300s"],
+        ["kubectl", *CTX, "--namespace", "michelangelo", "wait", "--for=condition=complete",
+         "job/minio-make-bucket", "--timeout=300s"],
+        ["docker", "image", "inspect", settings.image],
+        ["docker", "build", "--tag", settings.image,
+         "--build-arg", f"BASE_IMAGE={base_image()}",
+         "--build-arg", f"S3FS_VERSION={build[7].split('=')[1]}",
+         "--file", os.path.join(context, "Dockerfile"), context],
+        ["kind", "load", "docker-image", settings.image, "--name", "michelangelo"],
+    ]
+    assert config == os.path.join(os.path.dirname(runs["tools"].settings_path),
+                                  "sandbox-kind.json")
+    assert re.fullmatch(r"michelangelo-sandbox:[0-9a-f]{12}", settings.image)
+    # only 'kubectl apply' was fed anything, and nothing secret is on any command line
+    fed = [c for c in runs["first_calls"] if c["stdin"]]
+    assert [c["argv"][-3:] for c in fed] == [["apply", "--filename", "-"]]
+    command_lines = json.dumps(calls)
+    assert settings.secret_key not in command_lines
+    assert settings.access_key not in command_lines
+
+
+def test_kind_config_maps_ports_to_loopback(runs):
+    config = runs["first_calls"][6]["seen"]["config"]
+    assert config["kind"] == "Cluster" and config["apiVersion"] == "kind.x-k8s.io/v1alpha4"
+    (node,) = config["nodes"]
+    assert node["role"] == "control-plane"
+    mappings = {(m["hostPort"], m["containerPort"], m["listenAddress"])
+                for m in node["extraPortMappings"]}
+    assert mappings == {(8265, 30265, "127.0.0.1"), (8000, 30800, "127.0.0.1"),
+                        (9000, 30900, "127.0.0.1"), (9001, 30901, "127.0.0.1")}
+    assert runs["settings"].node_ports == {"dashboard": 30265, "serve": 30800, "s3": 30900,
+                                           "s3_console": 30901}
+
+
+def test_storage_manifests(runs):
+    settings = runs["settings"]
+    (apply,) = [c for c in runs["first_calls"] if c["stdin"]]
+    items = json.loads(apply["stdin"])["items"]
+    assert [(i["kind"], i["metadata"]["name"]) for i in items] == [
+        ("Namespace", "michelangelo"), ("Secret", "michelangelo-storage"),
+        ("Deployment", "minio"), ("Service", "minio"), ("Job", "minio-make-bucket")]
+    namespace, secret, deployment, service, job = items
+    assert all(i["metadata"]["namespace"] == "michelangelo" for i in items[1:])
+    endpoint = "http://minio.michelangelo.svc.cluster.local:9000"
+    assert secret["stringData"] == {
+        "AWS_ACCESS_KEY_ID": settings.access_key, "AWS_SECRET_ACCESS_KEY": settings.secret_key,
+        "AWS_ENDPOINT_URL": endpoint, "AWS_REGION": "us-east-1",
+        "FSSPEC_S3_ENDPOINT_URL": endpoint}
+    assert len(settings.secret_key) >= 20 and settings.s3_endpoint_in_cluster == endpoint
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"].startswith("quay.io/minio/minio:RELEASE.")
+    # MinIO's root user comes from the Secret, not from literal values in the manifest
+    env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"]}
+    assert env == {"MINIO_ROOT_USER": {"name": "michelangelo-storage",
+                                       "key": "AWS_ACCESS_KEY_ID"},
+                   "MINIO_ROOT_PASSWORD": {"name": "michelangelo-storage",
+                                           "key": "AWS_SECRET_ACCESS_KEY"}}
+    assert service["spec"]["type"] == "NodePort"
+    assert {(p["port"], p["nodePort"]) for p in service["spec"]["ports"]} == {
+        (9000, 30900), (9001, 30901)}
+    script = job["spec"]["template"]["spec"]["containers"][0]["command"][-1]
+    assert "mc mb --ignore-existing sandbox/michelangelo" in script
+    for item in (namespace, deployment, service, job):
+        assert settings.secret_key not in json.dumps(item)
+
+
+def test_image_built_from_shipped_dockerfile(runs):
+    build = next(c["seen"] for c in runs["first_calls"] if c["argv"][:1] == ["build"])
+    with open(os.path.join(ROOT, "michelangelo", "sandbox", "Dockerfile")) as handle:
+        assert build["dockerfile"] == handle.read()
+    assert "ARG BASE_IMAGE=rayproject/ray:" in build["dockerfile"]
+    # just what 'pip install .' needs: no virtualenv, data or bytecode
+    assert build["context_files"] == sorted([
+        "Dockerfile", "README.md", "constraints.txt", "pyproject.toml",
+        "michelangelo/__init__.py", "michelangelo/sandbox/Dockerfile"])
+    with open(os.path.join(ROOT, "constraints.txt")) as handle:
+        ray_pin = re.search(r"^ray==(\S+)$", handle.read(), re.MULTILINE).group(1)
+    py = f"{sys.version_info.major}{sys.version_info.minor}"
+    assert f"BASE_IMAGE=rayproject/ray:{ray_pin}-py{py}" in build["build_args"]
+
+
+def test_settings_file_private_and_no_secret_in_output(runs):
+    settings = runs["settings"]
+    assert runs["mode"] == 0o600
+    assert settings.kube_context == "kind-michelangelo"
+    assert settings.namespace == "michelangelo"
+    assert settings.storage_url == "s3://michelangelo/uniflow"
+    assert settings.s3_endpoint == "http://127.0.0.1:9000"
+    assert settings.storage_secret == "michelangelo-storage"
+    assert settings.storage_options() == {
+        "key": settings.access_key, "secret": settings.secret_key,
+        "client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}}
+    for text in (runs["first"].output, runs["second"].output, repr(settings)):
+        assert settings.secret_key not in text
+        assert settings.access_key not in text
+    assert "[9/9] settings file" in runs["first"].output
+    assert re.search(r"\[2/9\] kind cluster 'michelangelo' \.\.\.\n +created", runs["first"].output)
+
+
+def test_second_run_changes_nothing(runs):
+    assert runs["second"].exit_code == 0, runs["second"].output
+    calls = _argv(runs["second_calls"])
+    image = runs["settings"].image
+    assert calls == [
+        *DOCTOR,
+        ["kind", "get", "clusters"],
+        ["kind", "export", "kubeconfig", "--name", "michelangelo"],
+        ["helm", "list", "--kube-context", "kind-michelangelo", "--namespace",
+         "kuberay-system", "--output", "json"],
+        ["kubectl", *CTX, "--namespace", "kuberay-system", "rollout", "status",
+         "deployment/kuberay-operator", "--timeout=300s"],
+        ["kubectl", *CTX, "--namespace", "michelangelo", "get", "secret",
+         "michelangelo-storage", "--output", "json", "--ignore-not-found"],
+        ["kubectl", *CTX, "apply", "--filename", "-"],
+        ["kubectl", *CTX, "--namespace", "michelangelo", "rollout", "status",
+         "deployment/minio", "--timeout=300s"],
+        ["kubectl", *CTX, "--namespace", "michelangelo", "wait", "--for=condition=complete",
+         "job/minio-make-bucket", "--timeout=300s"],
+        ["docker", "image", "inspect", image],
+        ["kind", "load", "docker-image", image, "--name", "michelangelo"],
+    ]
+    # the same credentials (read back from the Secret), so MinIO keeps working
+    assert runs["second_settings"] == runs["first_settings"]
+    output = runs["second"].output
+    assert "exists, kept" in output and "installed, kept" in output
+    assert "0 object(s) created or changed, credentials kept" in output
+    assert f"{image} exists, kept" in output
+
+
+def test_create_stops_at_doctor_when_a_tool_is_missing(tmp_path, monkeypatch):
+    tools = make_tools(tmp_path, monkeypatch, ("docker", "kind", "helm"))
+    result = tools.invoke("create", "--project-dir", tools.project)
+    assert result.exit_code == 1
+    assert "kubectl: not found on PATH" in result.output
+    assert not any(c[1] in ("create", "build") for c in tools.commands())
+    assert not os.path.exists(tools.settings_path)
