@@ -11,6 +11,7 @@ import click
 from michelangelo.cli._loading import load_target, parse_args
 from michelangelo.cli._models import models
 from michelangelo.cli._runs import runs
+from michelangelo.cli._sandbox import sandbox
 from michelangelo.cli._serving import cluster, deployments, serve_cmd
 
 
@@ -80,6 +81,7 @@ def run(target: str, args: tuple[str, ...], resume: str | None, storage_url: str
 
 cli.add_command(runs)
 cli.add_command(models)
+cli.add_command(sandbox)
 
 
 def main() -> None:
