@@ -78,3 +78,31 @@ def make_tools(root, monkeypatch, tools=_tool_doubles.TOOLS) -> Tools:
 @pytest.fixture
 def tools(tmp_path, monkeypatch) -> Tools:
     return make_tools(tmp_path, monkeypatch)
+
+
+@pytest.fixture(scope="session")
+def first_create(tmp_path_factory):
+    """One ``sandbox create`` on a fresh machine: its result, calls and the state it left."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        tools = make_tools(tmp_path_factory.mktemp("create"), monkeypatch)
+        result = tools.invoke("create", "--project-dir", tools.project)
+        assert result.exit_code == 0, result.output
+        with open(tools.state_path) as handle:
+            state = handle.read()
+        with open(tools.settings_path) as handle:
+            settings = handle.read()
+        mode = os.stat(tools.settings_path).st_mode & 0o777
+        yield {"tools": tools, "result": result, "calls": tools.calls(), "state": state,
+               "settings": settings, "mode": mode}
+
+
+@pytest.fixture
+def created(tools, first_create) -> Tools:
+    """Fresh stand-ins whose machine state is the one the first create left."""
+    with open(tools.state_path, "w") as handle:
+        handle.write(first_create["state"])
+    os.makedirs(os.path.dirname(tools.settings_path), exist_ok=True)
+    with open(tools.settings_path, "w") as handle:
+        handle.write(first_create["settings"])
+    os.chmod(tools.settings_path, 0o600)
+    return tools

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 import sys
 
 import pytest
@@ -22,21 +21,20 @@ DOCTOR = [["docker", "--version"], ["kind", "version"],
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Two ``create`` runs on one machine state: what each printed and which calls it made."""
+def runs(first_create):
+    """The first ``create`` and a second one on the state it left."""
     with pytest.MonkeyPatch.context() as monkeypatch:
-        tools = make_tools(tmp_path_factory.mktemp("create"), monkeypatch)
-        first = tools.invoke("create", "--project-dir", tools.project)
-        first_calls = tools.calls()
-        with open(tools.settings_path) as handle:
-            first_settings = handle.read()
-        mode = stat.S_IMODE(os.stat(tools.settings_path).st_mode)
+        tools = first_create["tools"]
+        for name, value in [("PATH", tools.bin), ("MA_SANDBOX_FILE", tools.settings_path),
+                            ("HOME", os.path.dirname(tools.settings_path))]:
+            monkeypatch.setenv(name, value)
         tools.forget_calls()
         second = tools.invoke("create", "--project-dir", tools.project)
         with open(tools.settings_path) as handle:
             second_settings = handle.read()
-        yield {"tools": tools, "first": first, "first_calls": first_calls, "mode": mode,
-               "first_settings": first_settings, "second": second,
+        yield {"tools": tools, "first": first_create["result"],
+               "first_calls": first_create["calls"], "mode": first_create["mode"],
+               "first_settings": first_create["settings"], "second": second,
                "second_calls": tools.calls(), "second_settings": second_settings,
                "settings": load_sandbox_settings(tools.settings_path)}
 

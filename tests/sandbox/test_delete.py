@@ -1,0 +1,28 @@
+"""``sandbox delete``: the kind cluster and the settings file go, the image stays."""
+
+from __future__ import annotations
+
+import os
+
+
+def test_delete_then_delete_again(created):
+    tools = created
+    image = tools.state()["images"][0]
+    tools.forget_calls()
+
+    result = tools.invoke("delete")
+    assert result.exit_code == 0, result.output
+    assert tools.commands() == [["kind", "get", "clusters"],
+                                ["kind", "delete", "cluster", "--name", "michelangelo"]]
+    assert "deleting kind cluster 'michelangelo'" in result.output
+    assert f"removed {tools.settings_path}" in result.output
+    assert not os.path.exists(tools.settings_path)
+    state = tools.state()
+    assert state["clusters"] == [] and state["releases"] == {} and state["objects"] == {}
+    assert state["images"] == [image]
+
+    tools.forget_calls()
+    result = tools.invoke("delete")
+    assert result.exit_code == 0
+    assert "nothing to delete" in result.output
+    assert tools.commands() == [["kind", "get", "clusters"]]
