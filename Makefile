@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS := trainer,trainer-deepspeed,trainer-mlflow,trainer-comet,serving,examples,sandbox,dev
 
-.PHONY: setup browser demo test bench lint clean
+.PHONY: setup browser demo test bench lint clean sandbox-e2e
 
 setup: $(STAMP) browser
 
@@ -37,6 +37,16 @@ bench: setup
 
 lint: setup
 	$(BIN)/ruff check michelangelo tests bench examples
+
+# The kind sandbox for real (needs Docker, kind, kubectl, helm; see docs/sandbox.md): create it,
+# run the quickstart on a RayCluster there, then delete it, also when a step fails.
+sandbox-e2e: setup
+	@set -e; trap '$(BIN)/michelangelo sandbox delete' EXIT; \
+	$(BIN)/michelangelo sandbox doctor; \
+	$(BIN)/michelangelo sandbox create; \
+	$(BIN)/michelangelo sandbox status; \
+	$(BIN)/michelangelo run examples/quickstart/workflow.py:quickstart --kuberay --sandbox \
+	  --arg n_rows=1000 --arg epochs=1
 
 clean:
 	rm -rf $(VENV) build *.egg-info
