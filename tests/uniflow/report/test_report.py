@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import subprocess
 
 import pytest
 
@@ -13,8 +15,10 @@ from michelangelo.uniflow.core._console import Reporter
 from michelangelo.uniflow.core._records import RunStore
 from michelangelo.uniflow.core._storage import Storage
 from michelangelo.uniflow.core.errors import RunNotFoundError
-from michelangelo.uniflow.report import build_report
+from michelangelo.uniflow.report import build_report, write_report
 from michelangelo.uniflow.report._svg import line_chart, nice_ticks, timeline
+
+from ._png import count_near, read_png
 
 
 @uniflow.task()
@@ -97,3 +101,29 @@ def test_nice_ticks_and_chart_geometry():
                      {"label": "b", "start": 5.0, "end": 10.0, "state": "failed"}],
                     start=0.0, end=10.0)
     assert bars.count('class="bar"') == 2 and "#d62728" in bars
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert found, "Chromium is missing: `make setup` installs the Debian chromium package"
+    return found
+
+
+def test_report_draws_in_a_headless_browser(report, tmp_path):
+    run_id, _ = report
+    page = write_report(run_id, str(tmp_path / "report.html"))
+    shot = tmp_path / "shot.png"
+    subprocess.run(
+        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+         "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+         "--window-size=1100,1600", f"--screenshot={shot}", f"file://{page}"],
+        check=True, capture_output=True, timeout=120,
+    )
+    width, height, rows = read_png(str(shot))
+    assert (width, height) == (1100, 1600)
+    # Each chart's first series is drawn in blue (#1f77b4), the succeeded task's timeline bar
+    # in green (#2ca02c) and the failed one's in red (#d62728): the plots are really drawn.
+    # (Two legend squares of 10 x 10 blue pixels are all the blue there is besides lines.)
+    assert count_near(rows, (0x1F, 0x77, 0xB4)) > 1000
+    assert count_near(rows, (0x2C, 0xA0, 0x2C)) > 40
+    assert count_near(rows, (0xD6, 0x27, 0x28)) > 40
