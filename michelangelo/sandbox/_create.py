@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 import time
 from collections.abc import Callable
@@ -47,12 +48,33 @@ KUBERAY_RELEASE = "kuberay-operator"
 _WAIT = "300s"
 
 
-@dataclass
+_DURATION = re.compile(r"^([1-9][0-9]*)(s|m|h)$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600}
+
+
+@dataclass(frozen=True)
 class CreateOptions:
-    """What ``create`` may vary: the project to build the image from, and the waits."""
+    """What ``create`` may vary: the project to build the image from, and the waits.
+
+    Attributes:
+        project_root: Source checkout the runtime image installs (default: this package's).
+        wait: How long each rollout and the bucket Job may take, as kubectl writes
+            durations (``300s``, ``15m``, ``1h``).
+    """
 
     project_root: str | None = None
     wait: str = _WAIT
+
+    def __post_init__(self) -> None:
+        if not _DURATION.match(self.wait):
+            raise SandboxError(f"wait={self.wait!r} is not a duration kubectl understands; "
+                               "write a whole number with s, m or h, e.g. '300s' or '15m'.")
+
+    @property
+    def wait_s(self) -> float:
+        """``wait`` in seconds, plus a margin for the command itself."""
+        number, unit = _DURATION.match(self.wait).groups()
+        return int(number) * _UNIT_S[unit] + 60.0
 
 
 class Creator:
@@ -129,7 +151,8 @@ class Creator:
             outcome = "installed" if release is None else \
                 f"upgraded from {release.get('chart')} ({release.get('status')})"
         run((*self.kubectl, "--namespace", KUBERAY_NAMESPACE, "rollout", "status",
-             f"deployment/{KUBERAY_RELEASE}", f"--timeout={self.options.wait}"), timeout=900)
+             f"deployment/{KUBERAY_RELEASE}", f"--timeout={self.options.wait}"),
+            timeout=self.options.wait_s)
         return f"{outcome}; operator deployment available"
 
     def minio(self) -> str:
@@ -142,7 +165,8 @@ class Creator:
         applied = run((*self.kubectl, "apply", "--filename", "-"),
                       input=json.dumps(manifests)).stdout
         run((*self.kubectl, "--namespace", NAMESPACE, "rollout", "status",
-             f"deployment/{MINIO_SERVICE}", f"--timeout={self.options.wait}"), timeout=900)
+             f"deployment/{MINIO_SERVICE}", f"--timeout={self.options.wait}"),
+            timeout=self.options.wait_s)
         changed = sum(1 for line in applied.splitlines()
                       if line.rstrip().endswith(("created", "configured")))
         credentials = "kept" if existing else "new"
@@ -151,7 +175,8 @@ class Creator:
 
     def bucket(self) -> str:
         run((*self.kubectl, "--namespace", NAMESPACE, "wait", "--for=condition=complete",
-             f"job/{BUCKET_JOB}", f"--timeout={self.options.wait}"), timeout=900)
+             f"job/{BUCKET_JOB}", f"--timeout={self.options.wait}"),
+            timeout=self.options.wait_s)
         return f"s3://{BUCKET} exists"
 
     def build_image(self) -> str:

@@ -205,3 +205,11 @@ def test_create_stops_at_doctor_when_a_tool_is_missing(tmp_path, monkeypatch):
     assert "kubectl: not found on PATH" in result.output
     assert not any(c[1] in ("create", "build") for c in tools.commands())
     assert not os.path.exists(tools.settings_path)
+
+
+def test_bad_wait_is_refused_before_any_command(tools):
+    result = tools.invoke("create", "--wait", "5 minutes")
+    assert result.exit_code == 1
+    assert "wait='5 minutes' is not a duration kubectl understands" in result.output
+    assert "e.g. '300s' or '15m'" in result.output
+    assert tools.commands() == []
