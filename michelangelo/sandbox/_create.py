@@ -120,6 +120,7 @@ class Creator:
 
     def kind_cluster(self) -> str:
         if CLUSTER_NAME in run(("kind", "get", "clusters")).stdout.split():
+            self._check_port_mappings()
             return "exists, kept"
         config = os.path.join(os.path.dirname(os.path.abspath(settings_path())),
                               "sandbox-kind.json")
@@ -130,6 +131,23 @@ class Creator:
              "--wait", "120s"), timeout=900)
         ports = ", ".join(f"127.0.0.1:{host}" for host, _ in HOST_PORTS.values())
         return f"created (ports {ports}; config {config})"
+
+    def _check_port_mappings(self) -> None:
+        # kind cannot add port mappings to an existing cluster: one made without them (by
+        # hand, or by an older version) must be recreated, and saying so beats a run that
+        # cannot reach MinIO later.
+        node = f"{CLUSTER_NAME}-control-plane"
+        found = run(("docker", "inspect", "--format", "{{json .HostConfig.PortBindings}}",
+                     node)).stdout
+        bindings = json.loads(found or "{}") or {}
+        missing = [f"127.0.0.1:{host}->{node_port}" for host, node_port in HOST_PORTS.values()
+                   if not any(b.get("HostPort") == str(host) and b.get("HostIp") == "127.0.0.1"
+                              for b in bindings.get(f"{node_port}/tcp") or [])]
+        if missing:
+            raise SandboxError(
+                f"kind cluster '{CLUSTER_NAME}' exists without the port mappings "
+                f"{', '.join(missing)}; kind cannot add them to a running cluster: run "
+                "'michelangelo sandbox delete', then 'michelangelo sandbox create'.")
 
     def kube_context(self) -> str:
         # Rewrites the context if another tool replaced the kubeconfig; a no-op otherwise.

@@ -36,6 +36,7 @@ DEFAULT_STATE = {
     },
     "engine": "27.3.1",
     "clusters": [],
+    "node_ports": {},
     "contexts": [],
     "images": [],
     "kind_images": [],
@@ -94,6 +95,17 @@ def _docker(argv: list[str], state: dict, seen: dict) -> str:
             raise _Fail("Cannot connect to the Docker daemon at unix:///var/run/docker.sock. "
                         "Is the docker daemon running?")
         return state["engine"]
+    if argv[:1] == ["inspect"]:
+        node = argv[-1]
+        cluster = node.removesuffix("-control-plane")
+        if cluster not in state["clusters"]:
+            raise _Fail(f"Error response from daemon: No such object: {node}")
+        bindings = {"6443/tcp": [{"HostIp": "127.0.0.1", "HostPort": "41234"}]}
+        for m in state["node_ports"].get(cluster, []):
+            bindings[f"{m['containerPort']}/tcp"] = [{"HostIp": m.get("listenAddress",
+                                                                       "0.0.0.0"),
+                                                      "HostPort": str(m["hostPort"])}]
+        return json.dumps(bindings)
     if argv[:2] == ["image", "inspect"]:
         if argv[2] not in state["images"]:
             raise _Fail(f"Error response from daemon: No such image: {argv[2]}")
@@ -135,6 +147,7 @@ def _kind(argv: list[str], state: dict, seen: dict) -> str:
             seen["config"] = json.load(handle)
         state["clusters"].append(name)
         state["contexts"].append(f"kind-{name}")
+        state["node_ports"][name] = seen["config"]["nodes"][0].get("extraPortMappings", [])
         return f"Creating cluster \"{name}\" ...\nSet kubectl context to \"kind-{name}\""
     if name not in state["clusters"]:
         raise _Fail(f'ERROR: unknown cluster "{name}"')
@@ -154,6 +167,7 @@ def _kind(argv: list[str], state: dict, seen: dict) -> str:
     if argv[:2] == ["delete", "cluster"]:
         state["clusters"].remove(name)
         state["contexts"].remove(f"kind-{name}")
+        state["node_ports"].pop(name, None)
         state.update(kind_images=[], releases={}, objects={})
         return f"Deleting cluster \"{name}\" ..."
     raise _Fail(f"kind stand-in does not know {argv}", 97)

@@ -175,6 +175,8 @@ def test_second_run_changes_nothing(runs):
     assert calls == [
         *DOCTOR,
         ["kind", "get", "clusters"],
+        ["docker", "inspect", "--format", "{{json .HostConfig.PortBindings}}",
+         "michelangelo-control-plane"],
         ["kind", "export", "kubeconfig", "--name", "michelangelo"],
         ["helm", "list", "--kube-context", "kind-michelangelo", "--namespace",
          "kuberay-system", "--output", "json"],
@@ -213,3 +215,19 @@ def test_bad_wait_is_refused_before_any_command(tools):
     assert "wait='5 minutes' is not a duration kubectl understands" in result.output
     assert "e.g. '300s' or '15m'" in result.output
     assert tools.commands() == []
+
+
+def test_existing_cluster_without_port_mappings_is_refused(created):
+    tools = created
+    state = tools.state()
+    state["node_ports"]["michelangelo"] = [m for m in state["node_ports"]["michelangelo"]
+                                           if m["hostPort"] != 9000]
+    tools.set_state(node_ports=state["node_ports"])
+    tools.forget_calls()
+    result = tools.invoke("create", "--project-dir", tools.project)
+    assert result.exit_code == 1
+    assert ("kind cluster 'michelangelo' exists without the port mappings "
+            "127.0.0.1:9000->30900") in result.output
+    assert "run 'michelangelo sandbox delete', then 'michelangelo sandbox create'" \
+        in result.output
+    assert [c[:2] for c in tools.commands()][-2:] == [["kind", "get"], ["docker", "inspect"]]
