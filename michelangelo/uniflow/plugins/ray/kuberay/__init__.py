@@ -5,5 +5,15 @@ from michelangelo.uniflow.plugins.ray.kuberay._manifest import (
     default_image,
     ray_cluster_manifest,
 )
+from michelangelo.uniflow.plugins.ray.kuberay._service import (
+    apply_ray_service,
+    ray_service_manifest,
+)
 
-__all__ = ["container_resources", "default_image", "ray_cluster_manifest"]
+__all__ = [
+    "apply_ray_service",
+    "container_resources",
+    "default_image",
+    "ray_cluster_manifest",
+    "ray_service_manifest",
+]

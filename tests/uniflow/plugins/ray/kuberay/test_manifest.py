@@ -141,3 +141,24 @@ def test_the_schema_check_catches_bad_types_and_unknown_fields():
 def test_bad_names_are_refused_with_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field.replace("[", r"\[").replace("(", r"\(")):
         ray_cluster_manifest(TASKS["no-memory"], **kwargs)
+
+
+def test_ray_service_renders_the_serving_description_and_validates():
+    import yaml
+
+    from michelangelo.lib.serving._description import DeploymentDescription
+    from michelangelo.uniflow.plugins.ray.kuberay import ray_service_manifest
+
+    description = DeploymentDescription(
+        name="churn", project_name="demo", model_name="churn", revision_id=3,
+        weights_sha256="ab" * 32, registry_url="s3://models/registry", num_replicas=2)
+    manifest = ray_service_manifest(description.to_serve_config(), TASKS["cpu-only"],
+                                    name="churn-serve", storage_secret="uf-storage")
+    assert problems(manifest) == []
+    config = yaml.safe_load(manifest["spec"]["serveConfigV2"])
+    app = config["applications"][0]
+    assert app["import_path"] == "michelangelo.lib.serving._app:build_app"
+    assert DeploymentDescription.from_dict(app["args"]["description"]) == description
+    assert config["http_options"] == {"host": "0.0.0.0", "port": 8000}
+    cluster = manifest["spec"]["rayClusterConfig"]
+    assert cluster["workerGroupSpecs"][0]["replicas"] == 4
