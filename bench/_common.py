@@ -120,22 +120,6 @@ def write_results(name: str, results: dict[str, Any]) -> str:
     return path
 
 
-def ray_init_retrying(attempts: int = 3, **kwargs: Any) -> None:
-    """``ray.init(**kwargs)``, retried: on a heavily loaded machine the raylet can miss Ray's
-    fixed 30 s start-up wait ("The current node timed out during startup")."""
-    import ray
-
-    for attempt in range(1, attempts + 1):
-        try:
-            ray.init(**kwargs)
-            return
-        except Exception as error:  # noqa: BLE001 - Ray raises a bare Exception here
-            if "timed out during startup" not in str(error) or attempt == attempts:
-                raise
-            print(f"  ray.init timed out (attempt {attempt}/{attempts}); retrying", flush=True)
-            ray.shutdown()
-
-
 NOISE_NOTE = (
     "Times are wall-clock on a shared machine; with other jobs running they are noisy. "
     "Compare the two arms of one run (alternated, medians), not runs with each other."

@@ -58,7 +58,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import pytorch_lightning as pl  # noqa: E402
 import torch  # noqa: E402
-from _common import NOISE_NOTE, median, print_table, ray_init_retrying, write_results  # noqa: E402
+from _common import NOISE_NOTE, median, print_table, write_results  # noqa: E402
 from torch import nn  # noqa: E402
 
 TARGET_THROUGHPUT = 1.5  # steady rows/s, ours / raw, at least
@@ -402,7 +402,7 @@ def main(argv: list[str] | None = None) -> dict:
     runs: dict[str, list[dict]] = {arm: [] for arm in arms}
     profile_text = None
     try:
-        ray_init_retrying(address="local", num_cpus=4, include_dashboard=False,
+        ray.init(address="local", num_cpus=4, include_dashboard=False,
                  object_store_memory=512 * 2**20, logging_level="ERROR", log_to_driver=False,
                  _temp_dir=ray_tmp)
         ray.data.DataContext.get_current().enable_progress_bars = False

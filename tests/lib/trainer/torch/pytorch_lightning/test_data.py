@@ -50,3 +50,14 @@ def test_collate_fn_replaces_tensor_conversion(shard):
     assert all(isinstance(b, tuple) and b[1] == 8 for b in batches)
     default = list(SizedBatches(shard, 48, 8))  # consumed fully: no prefetcher left behind
     assert isinstance(default[0]["x"], torch.Tensor) and default[0]["x"].shape == (8, 8)
+
+
+def test_default_batches_are_the_tensors_ray_would_give(shard):
+    # The streaming path converts numpy batches itself (faster); the result must not differ.
+    ours = list(SizedBatches(shard, 48, 8))
+    rays = list(shard.iter_torch_batches(batch_size=8, device="cpu"))
+    assert len(ours) == len(rays) == 6
+    for a, b in zip(ours, rays, strict=True):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert a[key].dtype == b[key].dtype and torch.equal(a[key], b[key])
