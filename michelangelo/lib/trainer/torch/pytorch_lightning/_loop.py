@@ -28,6 +28,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._reporting import (
     Reporter,
     report_on_model_checkpoint,
 )
+from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start import apply_warm_start
 from michelangelo.lib.trainer.torch.pytorch_lightning._weights import load_initial_weights
 from michelangelo.lib.trainer.torch.pytorch_lightning.schema import TransferLearningSpec
 
@@ -64,6 +65,8 @@ class WorkerSpec:
     # Console and run record (see _progress, _metrics_record); None turns each off.
     progress_key: str | None = None
     metrics_url: str | None = None
+    # Registry warm starts (see _warm_start): baselines resolved on the driver.
+    warm_start: Any = None
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -76,9 +79,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     if rank == 0 and spec.experiment_store is not None and spec.experiment_dir:
         _track(spec)
-    model = _build_model(spec, rank, world_size)
+    model, start_callbacks = _build_model(spec, rank, world_size)
     train_iter, val_iter = _iterables(spec, world_size)
     trainer, profiler_dir = _build_trainer(spec, context)
+    trainer.callbacks.extend(start_callbacks)
     if rank == 0:
         logger.info("global batch size = %d (per-device %d x %d workers x %d accumulation)",
                     spec.global_batch_size, spec.batch_size, world_size,
@@ -101,7 +105,7 @@ def _track(spec: WorkerSpec) -> None:
         logger.exception("experiment_store.track failed; continuing without it")
 
 
-def _build_model(spec: WorkerSpec, rank: int, world_size: int) -> Any:
+def _build_model(spec: WorkerSpec, rank: int, world_size: int) -> tuple[Any, list[Any]]:
     import pytorch_lightning as pl
 
     model = spec.create_model_fn(**spec.create_model_fn_kwargs)
@@ -113,10 +117,11 @@ def _build_model(spec: WorkerSpec, rank: int, world_size: int) -> Any:
         )
     if spec.initial_weights_path:
         load_initial_weights(model, spec.initial_weights_path, rank, world_size)
+    start_callbacks = apply_warm_start(model, spec.warm_start, rank, world_size)
     frozen = freeze_layers(model, spec.transfer_learning_spec)
     if frozen and rank == 0:
         logger.info("Froze %d parameters: %s", len(frozen), frozen)
-    return model
+    return model, start_callbacks
 
 
 def _iterables(spec: WorkerSpec, world_size: int) -> tuple[Any, Any]:

@@ -33,6 +33,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._resume import (
     plan_resume,
 )
 from michelangelo.lib.trainer.torch.pytorch_lightning._validation import check_all
+from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start import plan_warm_start
 from michelangelo.lib.trainer.torch.pytorch_lightning._weights import check_weights_path
 
 logger = logging.getLogger(__name__)
@@ -81,6 +82,7 @@ class LightningTrainer(TorchTrainer):
         if trainer_param.initial_weights_path:
             check_weights_path(trainer_param.initial_weights_path)
         self._preflight_model(scaling_config)
+        self._warm_start = plan_warm_start(trainer_param, self._resolved)
         self._resume_plan = plan_resume(run_config, trainer_param.experiment_store)
         self._ingest = plan_ingest(trainer_param.train_data, trainer_param.val_data,
                                    scaling_config)
@@ -221,6 +223,7 @@ class LightningTrainer(TorchTrainer):
             global_batch_size=self.global_batch_size,
             in_memory=in_memory,
             shuffle_seed=shuffle_seed(experiment_dir_of(self.run_config)),
+            warm_start=self._warm_start,
         )
 
 

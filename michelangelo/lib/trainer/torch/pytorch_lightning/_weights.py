@@ -9,13 +9,14 @@ from __future__ import annotations
 import io
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 import fsspec
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_weights_path", "load_initial_weights", "read_state_dict"]
+__all__ = ["check_weights_path", "load_initial_weights", "read_on_rank0", "read_state_dict"]
 
 
 def _is_local(path: str) -> bool:
@@ -69,6 +70,28 @@ def read_state_dict(path: str) -> dict[str, Any]:
     return loaded
 
 
+def read_on_rank0(read: Callable[[], Any], rank: int, world_size: int) -> tuple[str, Any]:
+    """Run ``read`` on rank 0 only and hand its result (or its error) to every rank.
+
+    Storage is read once per run instead of once per worker; the error travels too, so a
+    failed read fails every rank instead of leaving the others waiting in the collective.
+
+    Returns:
+        ``("ok", value)`` or ``("error", "ExceptionType: message")``, the same on all ranks.
+    """
+    import torch.distributed as dist
+
+    payload: list[Any] = [None]
+    if rank == 0:
+        try:
+            payload[0] = ("ok", read())
+        except Exception as error:  # noqa: BLE001 - shipped to every rank below
+            payload[0] = ("error", f"{type(error).__name__}: {error}")
+    if world_size > 1 and dist.is_available() and dist.is_initialized():
+        dist.broadcast_object_list(payload, src=0)
+    return payload[0]
+
+
 def load_initial_weights(model: Any, path: str, rank: int, world_size: int) -> None:
     """Load ``path`` into ``model`` on every rank; only ``rank`` 0 touches storage.
 
@@ -78,17 +101,7 @@ def load_initial_weights(model: Any, path: str, rank: int, world_size: int) -> N
     Raises:
         ValueError: The path cannot be read, or no key of the state dict matches the model.
     """
-    import torch.distributed as dist
-
-    payload: list[Any] = [None]
-    if rank == 0:
-        try:
-            payload[0] = ("ok", read_state_dict(path))
-        except Exception as error:  # noqa: BLE001 - shipped to every rank below
-            payload[0] = ("error", f"{type(error).__name__}: {error}")
-    if world_size > 1 and dist.is_available() and dist.is_initialized():
-        dist.broadcast_object_list(payload, src=0)
-    status, value = payload[0]
+    status, value = read_on_rank0(lambda: read_state_dict(path), rank, world_size)
     if status == "error":
         raise ValueError(
             f"LightningTrainerParam.initial_weights_path={path!r} could not be read on rank 0: "

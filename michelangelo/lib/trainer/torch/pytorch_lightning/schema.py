@@ -1,13 +1,14 @@
 """Spec metadata for warm starts: transfer learning and incremental training.
 
-Only the freeze half of :class:`TransferLearningSpec` changes a run today (see the trainer
-guide); the rest is schema, validated here so that a spec written now stays valid when the
-Model Registry wiring lands.
+Both specs are resolved against the model registry (``michelangelo.lib.model_registry``) on
+the driver: see ``_warm_start``, ``_inherit`` and ``_incremental`` for what the trainer does
+with them. ``fused_model_submodule`` stays reserved and warns when set.
 """
 
 from __future__ import annotations
 
 import re
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
@@ -121,24 +122,33 @@ def _check_submodule(owner: str, value: Any) -> None:
     if value is not None and not isinstance(value, str):
         raise ValueError(f"{owner}.fused_model_submodule must be a string or None, got "
                          f"{value!r}. Fix: leave it unset; it is reserved.")
+    if value is not None:
+        warnings.warn(f"{owner}.fused_model_submodule={value!r} has no effect: the field is "
+                      "reserved and nothing reads it. Fix: leave it unset.", UserWarning,
+                      stacklevel=4)
 
 
 @dataclass(frozen=True)
 class TransferLearningSpec:
-    """Freeze layers after ``create_model_fn`` returns (and describe what to inherit).
+    """Inherit layers from a registered baseline, then freeze layers.
 
-    The trainer reads ``layer_names_to_freeze`` and ``layer_names_to_freeze_regex``; the
-    inherit fields and ``model_loader_function`` are schema only for now.
+    With ``metadata.baseline_model`` set, the baseline revision (``ModelSpec`` with a
+    number, ``"@alias"`` or None for the latest) is read from the model registry once and
+    the inherited tensors are copied into every worker's fresh model; then freezing applies.
+    Names and shapes are checked on the driver before any worker starts.
 
     Args:
         metadata: Learning mode and baseline model.
         layer_names_to_freeze: Parameter or module names (``"encoder"`` freezes every
             parameter under ``encoder.``) whose ``requires_grad`` is turned off.
         layer_names_to_freeze_regex: Regular expressions searched in parameter names.
-        layer_names_to_inherit: Names of layers to copy from the baseline (schema only).
-        layer_names_to_inherit_regex: Regular expressions for the same (schema only).
-        model_loader_function: Loads the baseline model (schema only).
-        fused_model_submodule: Reserved; has no effect.
+        layer_names_to_inherit: Parameter/buffer or module names to copy from the baseline.
+            Without any inherit name or pattern, every tensor the model and the baseline
+            share is inherited.
+        layer_names_to_inherit_regex: Regular expressions searched in those names.
+        model_loader_function: ``fn(model, baseline_state_dict)`` called on every worker
+            instead of the name-based copy (the baseline is still read once).
+        fused_model_submodule: Reserved; has no effect (warns when set).
     """
 
     metadata: TransferLearningMetadata | None = None
@@ -169,13 +179,18 @@ class TransferLearningSpec:
 
 @dataclass(frozen=True)
 class IncrementalTrainingSpec:
-    """Continue a registered model's training (schema only: the loop does not read it yet).
+    """Continue training a registered revision (``metadata.baseline_model``).
+
+    The revision's weights start the run; the epoch counter starts where the revision's
+    training ended (when it was registered with ``keep_optimizer_state=True``), so
+    ``max_epochs`` counts all epochs as on a resume.
 
     Args:
-        metadata: Learning mode and baseline model.
-        load_optimizer_weights: Restore the baseline's optimizer state too.
-        override_incremental_training_epoch: Epoch number to restart counting from.
-        fused_model_submodule: Reserved; has no effect.
+        metadata: Learning mode and the revision to continue.
+        load_optimizer_weights: Restore the revision's optimizer state too (it must have
+            been registered with ``keep_optimizer_state=True``; strategy ``ddp``).
+        override_incremental_training_epoch: Epoch number to start counting from instead.
+        fused_model_submodule: Reserved; has no effect (warns when set).
     """
 
     metadata: TransferLearningMetadata | None = None

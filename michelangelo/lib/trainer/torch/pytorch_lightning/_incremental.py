@@ -1,0 +1,174 @@
+"""``IncrementalTrainingSpec``: continue training a registered revision.
+
+The revision's weights are loaded into the fresh model on every worker (read once on rank 0),
+and, with ``load_optimizer_weights=True``, its optimizer state too. The loop's position is
+set at the start of training: the epoch counter starts at the revision's completed epochs
+(or ``override_incremental_training_epoch``) and the global step at the revision's, so
+``max_epochs`` keeps meaning the total epoch count, as it does on a resume. When Ray resumes
+the run from its own checkpoint, that checkpoint wins and nothing here is applied again.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from michelangelo.lib.trainer.torch.pytorch_lightning._checkpoint_formats import (
+    align_state_dict_keys,
+)
+from michelangelo.lib.trainer.torch.pytorch_lightning._inherit import read_baseline
+from michelangelo.lib.trainer.torch.pytorch_lightning._weights import read_on_rank0
+from michelangelo.lib.trainer.torch.pytorch_lightning.schema import (
+    IncrementalTrainingSpec,
+    ModelSpec,
+)
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["IncrementalPlan", "apply_incremental", "plan_incremental"]
+
+
+@dataclass(frozen=True)
+class IncrementalPlan:
+    """The revision to continue from and where the loop starts, decided on the driver."""
+
+    registry_url: str
+    baseline: ModelSpec
+    load_optimizer: bool
+    start_epoch: int
+    global_step: int
+
+
+def _single_copy_optimizer(strategy: Any) -> bool:
+    # Optimizer state is restored whole on every rank, which only fits strategies that keep
+    # a full optimizer per worker.
+    if strategy.instance is None:
+        return strategy.name in (None, "ddp")
+    import pytorch_lightning as pl
+
+    return isinstance(strategy.instance, pl.strategies.DDPStrategy) and not isinstance(
+        strategy.instance, pl.strategies.DeepSpeedStrategy)
+
+
+def plan_incremental(spec: IncrementalTrainingSpec | None, model: Any, registry: Any,
+                     resolved: Any) -> IncrementalPlan | None:
+    """Check the incremental run against the registry and the model, on the driver.
+
+    Raises:
+        ValueError: No baseline, an unknown revision, a revision without optimizer state when
+            it is asked for, a sharded strategy with optimizer state, weights that do not fit
+            the model, or ``max_epochs`` not beyond the starting epoch.
+    """
+    if spec is None:
+        return None
+    baseline = spec.metadata.baseline_model if spec.metadata is not None else None
+    if baseline is None:
+        raise ValueError(
+            "IncrementalTrainingSpec needs metadata.baseline_model, the registered revision to "
+            "continue. Fix: IncrementalTrainingSpec(metadata=TransferLearningMetadata("
+            "learning_mode=LearningMode.INCREMENTAL_TRAINING, baseline_model=ModelSpec("
+            "'project', 'model', '@champion'))).")
+    target = registry.resolve(baseline)
+    revision = registry.get(target)
+    kept = revision.optimizer_state or {}
+    if spec.load_optimizer_weights:
+        if not kept:
+            raise ValueError(
+                f"IncrementalTrainingSpec.load_optimizer_weights=True, but revision "
+                f"{revision.name} kept no optimizer state. Fix: register the run's checkpoint "
+                "with keep_optimizer_state=True, or set load_optimizer_weights=False.")
+        if not _single_copy_optimizer(resolved.strategy):
+            raise ValueError(
+                f"IncrementalTrainingSpec.load_optimizer_weights=True needs strategy 'ddp' "
+                f"(a whole optimizer per worker), got {resolved.strategy.name!r}. Fix: use "
+                "'ddp', or set load_optimizer_weights=False.")
+    if model is not None:
+        shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+        stored, _ = align_state_dict_keys(registry.weights_shapes(target), shapes.keys())
+        missing = [k for k in shapes if k not in stored]
+        wrong = [f"{k}: model {list(shapes[k])} vs revision {list(stored[k])}"
+                 for k in shapes if k in stored and tuple(stored[k]) != shapes[k]]
+        if missing or wrong:
+            raise ValueError(
+                f"IncrementalTrainingSpec: revision {revision.name} does not fit the model "
+                f"(missing tensors {missing[:5]}, different shapes {wrong[:5]}); incremental "
+                "training continues the same model. Fix: use the create_model_fn (and kwargs) "
+                "the revision was trained with, or TransferLearningSpec to inherit some layers.")
+    override = spec.override_incremental_training_epoch
+    start = override if override is not None else int(kept.get("epoch", 0))
+    max_epochs = resolved.trainer_kwargs.get("max_epochs")
+    if max_epochs is not None and max_epochs != -1 and start >= max_epochs:
+        raise ValueError(
+            f"IncrementalTrainingSpec starts at epoch {start} (revision {revision.name}"
+            f"{' ended there' if override is None else ', override_incremental_training_epoch'}"
+            f") but lightning_trainer_kwargs['max_epochs']={max_epochs} counts all epochs, "
+            f"so nothing would train. Fix: set max_epochs above {start} (e.g. {start + 1}), "
+            "or override_incremental_training_epoch=0 to count epochs from zero.")
+    logger.info("IncrementalTrainingSpec: continuing %s from epoch %d, global step %d%s",
+                revision.name, start, int(kept.get("global_step", 0)),
+                " with its optimizer state" if spec.load_optimizer_weights else "")
+    return IncrementalPlan(registry.url, target, spec.load_optimizer_weights, start,
+                           int(kept.get("global_step", 0)))
+
+
+def _loop_position_callback(plan: IncrementalPlan, optimizer_states: list[Any] | None) -> Any:
+    import pytorch_lightning as pl
+
+    class IncrementalStart(pl.Callback):
+        """Sets the loop position and optimizer state once the optimizers exist."""
+
+        def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+            if trainer.ckpt_path is not None:
+                return  # resumed from Ray's checkpoint: it already holds all of this
+            if optimizer_states is not None:
+                if len(optimizer_states) != len(trainer.optimizers):
+                    raise ValueError(
+                        f"IncrementalTrainingSpec: revision has {len(optimizer_states)} "
+                        f"optimizer state(s), configure_optimizers() made "
+                        f"{len(trainer.optimizers)}. Fix: keep configure_optimizers unchanged "
+                        "or set load_optimizer_weights=False.")
+                for optimizer, state in zip(trainer.optimizers, optimizer_states, strict=True):
+                    optimizer.load_state_dict(state)
+            progress = trainer.fit_loop.epoch_progress
+            for counter in (progress.current, progress.total):
+                counter.ready = counter.started = counter.processed = plan.start_epoch
+                counter.completed = plan.start_epoch
+            epoch_loop = trainer.fit_loop.epoch_loop
+            step = epoch_loop.automatic_optimization.optim_progress.optimizer.step.total
+            step.ready = step.completed = plan.global_step
+            epoch_loop.manual_optimization.optim_step_progress.total.ready = plan.global_step
+            epoch_loop.manual_optimization.optim_step_progress.total.completed = plan.global_step
+            epoch_loop._batches_that_stepped = plan.global_step
+
+    return IncrementalStart()
+
+
+def apply_incremental(model: Any, plan: IncrementalPlan | None, rank: int,
+                      world_size: int) -> Any:
+    """Load the revision into ``model``; return the callback that restores the rest.
+
+    Returns:
+        A Lightning callback to add to the trainer, or None without a plan.
+    """
+    if plan is None:
+        return None
+    weights = read_baseline(plan.registry_url, plan.baseline, rank, world_size,
+                            "IncrementalTrainingSpec")
+    aligned, _ = align_state_dict_keys(weights, model.state_dict().keys())
+    outcome = model.load_state_dict(aligned, strict=False)
+    if outcome.missing_keys:
+        raise ValueError(f"IncrementalTrainingSpec: the revision lacks the model's tensors "
+                         f"{list(outcome.missing_keys)[:5]}.")
+    states = None
+    if plan.load_optimizer:
+        from michelangelo.lib.model_registry import ModelRegistry
+
+        status, value = read_on_rank0(
+            lambda: ModelRegistry(plan.registry_url).load_training_state(
+                plan.baseline).optimizer_states, rank, world_size)
+        if status == "error":
+            raise ValueError(f"IncrementalTrainingSpec: optimizer state of the revision could "
+                             f"not be read on rank 0: {value}")
+        states = value
+    return _loop_position_callback(plan, states)
