@@ -33,14 +33,7 @@ ship_by_value(__name__)
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    for attempt in range(5):  # a raylet can miss Ray's fixed 30 s start wait on a busy host
-        try:
-            start_test_ray(num_cpus=3)
-            break
-        except Exception as error:  # noqa: BLE001 - Ray raises a bare Exception here
-            ray.shutdown()
-            if "timed out during startup" not in str(error) or attempt == 4:
-                raise
+    start_test_ray(num_cpus=3)
     yield
     ray.shutdown()
 
