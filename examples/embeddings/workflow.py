@@ -364,6 +364,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"embeddings: training-pair InfoNCE {trained['train_loss_before']:.3f} -> "
           f"{trained['train_loss_after']:.3f}; nearest to {QUERY!r}: "
           f"{report['endpoint']['ranking'][0][0]!r} ({trained['spec']})")
+    print(f"endpoint {report['endpoint']['url']}: nearest neighbours of {QUERY!r}")
+    for text, score in report["endpoint"]["ranking"]:
+        print(f"  {score:+.3f}  {text}")
     print("RESULT " + json.dumps(report))
     return report
 

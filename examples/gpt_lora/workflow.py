@@ -524,6 +524,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"gpt_lora: pretrain val loss {pre['init_val_loss']:.3f} -> {pre['val_loss']:.3f} "
           f"({pre['spec']}); fine-tune val loss {tuned['base_val_loss']:.3f} -> "
           f"{tuned['val_loss']:.3f} ({tuned['spec']})")
+    for prompt, text in report["endpoint"]["continuations"].items():
+        print(f"endpoint {report['endpoint']['url']}: {prompt!r} -> {text!r}")
     print("RESULT " + json.dumps(report))
     return report
 
