@@ -134,12 +134,14 @@ def test_loop_position_and_optimizer_state_are_restored(tmp_path):
 def test_driver_side_failures_before_any_worker(data, tmp_path):
     registry = ModelRegistry()
     registry.register("p", "m", state_dict=create_tiny_model().state_dict())
+    weights_file = tmp_path / "weights.pt"
+    torch.save(create_tiny_model().state_dict(), weights_file)
     cases = [
         (dict(spec=IncrementalTrainingSpec()), "needs metadata.baseline_model"),
         (dict(spec=_spec(load_optimizer_weights=True)), "kept no optimizer state"),
         (dict(spec=_spec(override_incremental_training_epoch=3)), r"max_epochs above 3"),
         (dict(spec=_spec(), model={"hidden_dim": 4}), r"different shapes.*net\.0\.weight"),
-        (dict(spec=_spec(), initial_weights_path=str(tmp_path)), "keep one of them"),
+        (dict(spec=_spec(), initial_weights_path=str(weights_file)), "keep one of them"),
         (dict(spec=_spec(5)), "no revision 5"),
     ]
     for kwargs, message in cases:
