@@ -145,18 +145,39 @@ def _record_decision(scaling_config: Any, shape: ClusterShape, workers: int,
     )
 
 
+def unplaced_node(needs: tuple[NodeShape, ...], nodes: tuple[NodeShape, ...]) -> NodeShape | None:
+    """The first of ``needs`` that no one-to-one placement onto ``nodes`` can hold, or None.
+
+    An exact matching (augmenting paths), not first fit: a first fit can put a small head on
+    the only big node and then find no room for a worker that would have fitted there.
+    """
+    owner: dict[int, int] = {}  # node index -> need index
+
+    def place(i: int, seen: set[int]) -> bool:
+        for j, node in enumerate(nodes):
+            if j in seen or node.fits(needs[i].resources) < 1:
+                continue
+            seen.add(j)
+            if j not in owner or place(owner[j], seen):
+                owner[j] = i
+                return True
+        return False
+
+    for i, need in enumerate(needs):
+        if not place(i, set()):
+            return need
+    return None
+
+
 def check_holds(task: RayTask, live: ClusterShape, *, where: str, fix: str) -> None:
     """Raise :class:`CapacityError` unless ``live`` has a node for each of ``task``'s nodes."""
-    free = list(live.nodes)
-    for need in ClusterShape.from_ray_task(task).nodes:
-        match = next((n for n in free if n.fits(need.resources) >= 1), None)
-        if match is None:
-            raise CapacityError(
-                f"{where} points at a cluster that cannot hold {task.describe()}: no free node "
-                f"for the {need.name} node ({_describe_request(need.resources)}); the cluster "
-                f"has {live.describe()}. Fix: {fix}."
-            )
-        free.remove(match)
+    need = unplaced_node(ClusterShape.from_ray_task(task).nodes, live.nodes)
+    if need is not None:
+        raise CapacityError(
+            f"{where} points at a cluster that cannot hold {task.describe()}: no free node "
+            f"for the {need.name} node ({_describe_request(need.resources)}); the cluster "
+            f"has {live.describe()}. Fix: {fix}."
+        )
 
 
 def wait_until_free(scaling_config: Any, *, timeout_s: float, poll_s: float = 0.5) -> None:

@@ -50,12 +50,6 @@ class RayCluster:
         """Whether ``task``'s cluster fits inside this one, node for node."""
         if task.runtime_env != self.task.runtime_env:
             return False
-        mine = list(self.shape().nodes)
-        from michelangelo.uniflow.plugins.ray._capacity import ClusterShape
+        from michelangelo.uniflow.plugins.ray._capacity import ClusterShape, unplaced_node
 
-        for need in ClusterShape.from_ray_task(task).nodes:
-            match = next((n for n in mine if n.fits(need.resources) >= 1), None)
-            if match is None:
-                return False
-            mine.remove(match)
-        return True
+        return unplaced_node(ClusterShape.from_ray_task(task).nodes, self.shape().nodes) is None

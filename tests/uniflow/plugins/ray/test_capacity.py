@@ -61,3 +61,24 @@ def test_capacity_error_is_a_value_error_that_pickles():
     err = CapacityError("too big")
     assert isinstance(err, ValueError)
     assert str(pickle.loads(pickle.dumps(err))) == "too big"
+
+
+def test_existing_cluster_placement_is_exact_not_first_fit():
+    # A first fit puts the small head on the first 2-CPU node and then has no room for the
+    # second worker; the live cluster (head listed last) holds the RayTask exactly.
+    from michelangelo.uniflow.plugins.ray._capacity import (
+        ClusterShape,
+        NodeShape,
+        check_holds,
+        unplaced_node,
+    )
+
+    gib = 2**30
+    live = ClusterShape((NodeShape("a", {"CPU": 2.0, "memory": 2.0 * gib}),
+                         NodeShape("b", {"CPU": 2.0, "memory": 2.0 * gib}),
+                         NodeShape("head", {"CPU": 1.0, "memory": 2.0 * gib})), "live")
+    task = RayTask(head_cpu=1, head_memory="2Gi", worker_cpu=2, worker_memory="2Gi",
+                   worker_instances=2)
+    check_holds(task, live, where="test", fix="none")
+    bigger = RayTask(head_cpu=1, worker_cpu=2, worker_instances=3)
+    assert unplaced_node(ClusterShape.from_ray_task(bigger).nodes, live.nodes).name == "worker-2"
