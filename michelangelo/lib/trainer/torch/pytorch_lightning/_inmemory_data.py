@@ -264,6 +264,16 @@ class _EpochSampler:
         self.epoch = int(epoch)
 
 
+class _BatchShape:
+    """The batch sampler a loader shows: Lightning reads its ``sampler`` (is the loader
+    shuffled?) and DeepSpeed its ``batch_size`` (the micro batch size); batches come from the
+    loader itself."""
+
+    def __init__(self, batch_size: int, sampler: _EpochSampler) -> None:
+        self.batch_size = batch_size
+        self.sampler = sampler
+
+
 class InMemoryBatches:
     """One worker's shard held in memory, batched and fully shuffled per epoch.
 
@@ -303,8 +313,9 @@ class InMemoryBatches:
         self.drop_last = drop_last
         self.pin_memory = pin_memory
         self.sampler = _EpochSampler()
-        # Lightning looks for both on any loader (shuffle warnings, set_epoch); no batch sampler.
-        self.batch_sampler = None
+        # Lightning looks for both on any loader (shuffle warnings, set_epoch), and DeepSpeed
+        # reads the micro batch size from the batch sampler.
+        self.batch_sampler = _BatchShape(batch_size, self.sampler)
         self._kind = _batch_kind(collate_fn)
         self._data = self._convert(table)
 
