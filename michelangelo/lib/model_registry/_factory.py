@@ -51,7 +51,8 @@ def factory_reference(fn: Callable[..., Any], kwargs: Mapping[str, Any] | None) 
 
     Returns:
         ``{"module", "qualname", "script_path", "kwargs"}``; ``script_path`` is set only for
-        factories defined in the ``__main__`` script.
+        factories defined in the ``__main__`` script or in a file loaded under a name that
+        another process could not import.
 
     Raises:
         ValueError: ``fn`` is a lambda, a closure, a nested function, not importable by
@@ -86,8 +87,26 @@ def factory_reference(fn: Callable[..., Any], kwargs: Mapping[str, Any] | None) 
         if _lookup(module, qualname) is not fn:
             raise ValueError(f"create_model_fn {module_name}.{qualname} does not resolve back to "
                              f"the same object by name. {_fix(fn)}")
+        path = getattr(module, "__file__", None)
+        if path and _importable_by_name(module_name) is False:
+            # A file loaded under a made-up name (`michelangelo run FILE:WF` does this): only
+            # its path can bring it back in another process.
+            script_path = os.path.abspath(path)
     return {"module": module_name, "qualname": qualname, "script_path": script_path,
             "kwargs": kwargs}
+
+
+def _importable_by_name(module_name: str) -> bool | None:
+    """Whether a fresh process finds ``module_name`` on its path (None: cannot tell)."""
+    import importlib.machinery
+
+    top = module_name.split(".")[0]
+    if top in sys.builtin_module_names:
+        return True
+    try:
+        return importlib.machinery.PathFinder.find_spec(top) is not None
+    except (ImportError, ValueError):
+        return None
 
 
 def _lookup(module: Any, qualname: str) -> Any:
