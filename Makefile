@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS := trainer,trainer-deepspeed,trainer-mlflow,trainer-comet,serving,examples,sandbox,dev
 
-.PHONY: setup browser demo test bench lint clean sandbox-e2e
+.PHONY: setup browser k8s demo test bench lint clean sandbox-e2e
 
 setup: $(STAMP) browser
 
@@ -29,7 +29,12 @@ $(STAMP): pyproject.toml constraints.txt
 demo: setup
 	$(BIN)/python examples/quickstart/workflow.py
 
-test: setup
+# A real Kubernetes control plane (API server, scheduler, etcd) for the KubeRay tests, built
+# once from Debian's sources into ~/.cache/michelangelo (K8S_HOME overrides it).
+k8s:
+	bash tools/build_k8s_control_plane.sh
+
+test: setup k8s
 	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider
 
 bench: setup

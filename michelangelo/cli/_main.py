@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from michelangelo.cli._clusters import clusters
 from michelangelo.cli._loading import load_target, parse_args
 from michelangelo.cli._models import models
 from michelangelo.cli._runs import runs
@@ -59,17 +60,24 @@ def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:
 @click.option("--ray-address", default=None, metavar="URL",
               help="run each RayTask as a Ray job on this cluster (its dashboard URL, "
                    "e.g. http://HOST:8265): remote-run")
+@click.option("--kuberay", is_flag=True,
+              help="remote-run on Kubernetes: a KubeRay RayCluster per RayTask")
+@click.option("--namespace", default=None, help="--kuberay: namespace of the RayClusters")
+@click.option("--image", default=None, help="--kuberay: Ray image of every node")
+@click.option("--kube-context", default=None, help="--kuberay: kubeconfig context")
+@click.option("--sandbox", is_flag=True, help="--kuberay: the `michelangelo sandbox` cluster")
 def run(target: str, args: tuple[str, ...], resume: str | None, storage_url: str | None,
-        ray_address: str | None) -> None:
-    """Run FILE:WORKFLOW locally, or on a Ray cluster with --ray-address."""
+        ray_address: str | None, kuberay: bool, namespace: str | None, image: str | None,
+        kube_context: str | None, sandbox: bool) -> None:
+    """Run FILE:WORKFLOW locally, or remotely with --ray-address or --kuberay."""
     from michelangelo.uniflow.core import Context
 
-    options = {}
-    if ray_address:
-        import michelangelo.uniflow.plugins.ray  # noqa: F401  (registers --ray-address)
-
-        options["ray_address"] = ray_address
-    mode = "remote-run" if ray_address else "local-run"
+    given = {"ray_address": ray_address, "kuberay": kuberay or None, "namespace": namespace,
+             "image": image, "kube_context": kube_context, "sandbox": sandbox or None}
+    options = {key: value for key, value in given.items() if value}
+    if options:
+        import michelangelo.uniflow.plugins.ray  # noqa: F401  (registers these options)
+    mode = "remote-run" if ray_address or kuberay else "local-run"
     Context(mode, options=options)  # bad options fail here, before the file is even imported
     workflow = load_target(target)
     kwargs = parse_args(args)
@@ -80,6 +88,10 @@ def run(target: str, args: tuple[str, ...], resume: str | None, storage_url: str
 
 
 cli.add_command(runs)
+cli.add_command(cluster)
+cli.add_command(serve_cmd)
+cli.add_command(deployments)
+cli.add_command(clusters)
 cli.add_command(models)
 cli.add_command(sandbox)
 
@@ -88,6 +100,3 @@ def main() -> None:
     # SIGTERM unwinds like Ctrl-C so that clusters are removed on the way out.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     cli()
-cli.add_command(cluster)
-cli.add_command(serve_cmd)
-cli.add_command(deployments)

@@ -26,15 +26,18 @@ class RunOption:
         name: Key in ``Context.options`` (and ``Run.options``), e.g. ``"ray_address"``.
         flag: The command-line flag, e.g. ``"--ray-address"``.
         help: One line for ``--help``.
-        check: Called as ``check(mode, value)`` when a context is made; raises ``UserError``
-            for a value that cannot work, before anything starts.
+        check: Called as ``check(mode, value, options)`` when a context is made (``options``
+            holds every option given, for checks that depend on each other); raises
+            ``UserError`` for a value that cannot work, before anything starts.
+        is_flag: A switch without a value (``--kuberay``); its value is True when given.
     """
 
     name: str
     flag: str
     help: str
     metavar: str = "VALUE"
-    check: Callable[[str, Any], None] | None = None
+    check: Callable[[str, Any, dict[str, Any]], None] | None = None
+    is_flag: bool = False
 
 
 _OPTIONS: dict[str, RunOption] = {}
@@ -74,7 +77,7 @@ class Context:
             )
         for option in _OPTIONS.values():
             if option.check is not None:
-                option.check(mode, options.get(option.name))
+                option.check(mode, options.get(option.name), options)
         self.mode = mode
         self.options = options
         self.resume = resume
@@ -115,8 +118,12 @@ def create_context(argv: Sequence[str] | None = None) -> Context:
                         help="reuse the succeeded tasks of an earlier run")
     parser.add_argument("--storage-url", default=None, help="overrides $UF_STORAGE_URL")
     for option in _OPTIONS.values():
-        parser.add_argument(option.flag, dest=f"option_{option.name}", default=None,
-                            metavar=option.metavar, help=option.help)
+        if option.is_flag:
+            parser.add_argument(option.flag, dest=f"option_{option.name}", default=None,
+                                action="store_const", const=True, help=option.help)
+        else:
+            parser.add_argument(option.flag, dest=f"option_{option.name}", default=None,
+                                metavar=option.metavar, help=option.help)
     parsed = parser.parse_args(args)
     options = {name: getattr(parsed, f"option_{name}") for name in _OPTIONS
                if getattr(parsed, f"option_{name}") is not None}

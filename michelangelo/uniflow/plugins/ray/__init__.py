@@ -5,6 +5,7 @@ from michelangelo.uniflow.plugins.ray._capacity import CapacityError, ResourcesU
 from michelangelo.uniflow.plugins.ray._config import RayTask
 from michelangelo.uniflow.plugins.ray._provisioners import register_provisioner
 from michelangelo.uniflow.plugins.ray._run_config import create_run_config
+from michelangelo.uniflow.plugins.ray.kuberay import _dispatch  # noqa: F401  (--kuberay)
 
 __all__ = [
     "CapacityError",

@@ -20,6 +20,7 @@ from typing import Any
 from michelangelo.uniflow.core._context import RunOption, register_run_option
 from michelangelo.uniflow.core._remote import RemoteCall
 from michelangelo.uniflow.core._run import Run
+from michelangelo.uniflow.core._runtime import current_call
 from michelangelo.uniflow.core.errors import UserError
 from michelangelo.uniflow.plugins.ray._config import RayTask
 from michelangelo.uniflow.plugins.ray._jobs import JobFailedError, JobsCluster
@@ -40,7 +41,7 @@ def address_of(run_options: dict[str, Any]) -> str | None:
     return env if env.startswith(("http://", "https://")) else None
 
 
-def _check_option(mode: str, value: Any) -> None:
+def _check_option(mode: str, value: Any, options: dict[str, Any]) -> None:
     if mode != "remote-run":
         if value:
             raise UserError(
@@ -49,6 +50,8 @@ def _check_option(mode: str, value: Any) -> None:
                 "to remote-run by itself when --ray-address is given)."
             )
         return
+    if options.get("kuberay"):
+        return  # the KubeRay option checks the pair
     address = value or address_of({})
     if not address:
         raise UserError(
@@ -75,8 +78,11 @@ class _RemoteState:
     """What one run keeps for its remote jobs: the cluster client and the packed project."""
 
     def __init__(self, run: Run) -> None:
+        from michelangelo.uniflow.plugins.ray.kuberay import _dispatch
+
         address = address_of(run.options)
-        if not address:  # Context checks this; a Run made by hand may still lack it
+        self.kuberay = _dispatch.RunClusters(run) if _dispatch.enabled(run.options) else None
+        if not address and self.kuberay is None:  # Context checks this; a Run made by hand may not
             raise UserError("remote-run needs --ray-address http://HOST:8265.")
         if run.storage.url.startswith("memory://"):
             raise UserError(
@@ -84,10 +90,19 @@ class _RemoteState:
                 "process, so the cluster cannot read inputs or write results there. Use "
                 "--storage-url with a place both can reach (s3://..., gs://..., a shared folder)."
             )
-        self.cluster = JobsCluster(address)
-        self.cluster.check_versions()
+        self.cluster: JobsCluster | None = None
+        if address:
+            self.use(address)
         self.packed: PackedProject | None = None
         self._scratch = tempfile.mkdtemp(prefix="uf-remote-")
+
+    def use(self, address: str) -> JobsCluster:
+        """Dispatch to the cluster at ``address`` from now on (versions checked once)."""
+        if self.cluster is None or self.cluster.address != address.rstrip("/"):
+            cluster = JobsCluster(address)
+            cluster.check_versions()
+            self.cluster = cluster
+        return self.cluster
 
     def project(self, source_file: str) -> PackedProject:
         root = project_root(source_file)
@@ -107,14 +122,20 @@ def _state(run: Run) -> _RemoteState:
         state = _RemoteState(run)
         run.resources[_KEY] = state
         run.add_cleanup(state.close)
-        run.info(f"remote-run: RayTask bodies run as Ray jobs on {state.cluster.address}")
+        where = state.cluster.address if state.cluster else "a KubeRay RayCluster per RayTask"
+        run.info(f"remote-run: RayTask bodies run as Ray jobs on {where}")
     return state
 
 
 def prepare(config: RayTask, run: Run) -> None:
-    """Before an attempt: versions (once per run) and the shape against the live nodes."""
+    """Before an attempt: versions (once per cluster) and the shape against the live nodes."""
     try:
-        _state(run).cluster.check_capacity(config)
+        state = _state(run)
+        if state.kuberay is not None:
+            call = current_call()
+            state.use(state.kuberay.address_for(config, call.task_name if call else "task"))
+        assert state.cluster is not None
+        state.cluster.check_capacity(config)
     except Exception as exc:
         # A wrong address, token, version or shape stays wrong: retrying cannot help.
         exc.uniflow_retryable = False  # type: ignore[attr-defined]
@@ -139,7 +160,13 @@ def submit(config: RayTask, run: Run, call: RemoteCall) -> None:
             "as the job's working_dir itself; drop 'working_dir' (use py_modules for more code)."
         )
     runtime_env["working_dir"] = packed.zip_path
-    runtime_env["env_vars"] = {"PYTHONUNBUFFERED": "1", **runtime_env.get("env_vars", {})}
+    # The job sees the run's storage as this process does, so libraries that default to a
+    # place under it (the model registry) find the same things on both sides.
+    shared = {"UF_STORAGE_URL": call.storage_url}
+    if os.environ.get("MA_MODEL_REGISTRY_URL"):
+        shared["MA_MODEL_REGISTRY_URL"] = os.environ["MA_MODEL_REGISTRY_URL"]
+    runtime_env["env_vars"] = {"PYTHONUNBUFFERED": "1", **shared,
+                               **runtime_env.get("env_vars", {})}
     entrypoint = " ".join([
         os.environ.get(ENV_JOB_PYTHON, "python"), "-m",
         "michelangelo.uniflow.plugins.ray._remote_entry",

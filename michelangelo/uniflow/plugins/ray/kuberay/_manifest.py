@@ -51,6 +51,7 @@ def ray_cluster_manifest(
     storage_secret: str | None = None,
     ttl_s: float = DEFAULT_TTL_S,
     now: float | None = None,
+    head_node_ports: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     """A ``RayCluster`` with one head and one worker group shaped like ``task``.
 
@@ -69,6 +70,8 @@ def ray_cluster_manifest(
         ttl_s: Seconds after which ``michelangelo clusters gc`` may delete the cluster even
             when its run still looks alive.
         now: Creation time used for the expiry annotation (defaults to the current time).
+        head_node_ports: Fixed node ports for head ports by name (``{"dashboard": 30265}``),
+            for clusters whose nodes map them to the host, as the kind sandbox does.
 
     Returns:
         The manifest as a plain dict, ready for the Kubernetes API.
@@ -105,6 +108,15 @@ def ray_cluster_manifest(
         },
         "workerGroupSpecs": [],
     }
+    if head_node_ports:
+        unknown = sorted(set(head_node_ports) - set(HEAD_PORTS))
+        if unknown:
+            raise ValueError(f"head_node_ports names {unknown}; the head ports are "
+                             f"{sorted(HEAD_PORTS)}.")
+        spec["headGroupSpec"]["serviceType"] = "NodePort"
+        spec["headGroupSpec"]["headService"] = {"spec": {"type": "NodePort", "ports": [
+            {"name": port_name, "port": HEAD_PORTS[port_name], "nodePort": node_port}
+            for port_name, node_port in sorted(head_node_ports.items())]}}
     if task.worker_instances > 0:
         spec["workerGroupSpecs"].append({
             "groupName": WORKER_GROUP,

@@ -162,3 +162,15 @@ def test_ray_service_renders_the_serving_description_and_validates():
     assert config["http_options"] == {"host": "0.0.0.0", "port": 8000}
     cluster = manifest["spec"]["rayClusterConfig"]
     assert cluster["workerGroupSpecs"][0]["replicas"] == 4
+
+
+def test_head_node_ports_for_a_host_mapped_sandbox():
+    manifest = _render(TASKS["no-memory"], head_node_ports={"dashboard": 30265, "serve": 30800})
+    assert problems(manifest) == []
+    head = manifest["spec"]["headGroupSpec"]
+    assert head["serviceType"] == "NodePort"
+    assert head["headService"]["spec"]["ports"] == [
+        {"name": "dashboard", "port": 8265, "nodePort": 30265},
+        {"name": "serve", "port": 8000, "nodePort": 30800}]
+    with pytest.raises(ValueError, match="head ports are"):
+        _render(TASKS["no-memory"], head_node_ports={"dashbord": 30265})

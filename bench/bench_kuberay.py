@@ -1,0 +1,93 @@
+"""Provisioning timeline of a KubeRay RayCluster on the real test control plane.
+
+Starts etcd, kube-apiserver and kube-scheduler (built by tools/build_k8s_control_plane.sh),
+two Node objects served by the kubelet test double and the KubeRay operator test double, then
+provisions a RayTask's cluster with the real provisioner and prints, per run, the seconds from
+creation to each phase: scheduled, head ready, all ready (every Ray node alive), first task
+(a no-op Ray job finished through the Jobs API) and deleted (pods gone).
+
+    .venv/bin/python bench/bench_kuberay.py [--runs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+from _common import write_results  # noqa: E402
+
+from tests.kuberay._control_plane import ControlPlane, build  # noqa: E402
+from tests.kuberay._kubelet_double import KubeletDouble  # noqa: E402
+from tests.kuberay._operator_double import OperatorDouble  # noqa: E402
+
+PHASES = ("scheduled", "head ready", "all ready", "first task", "deleted")
+
+
+def one_run(api, index: int) -> dict[str, float]:
+    from michelangelo.uniflow.plugins.ray import RayTask
+    from michelangelo.uniflow.plugins.ray._jobs import JobsCluster
+    from michelangelo.uniflow.plugins.ray.kuberay._provisioner import KubeRayCluster
+
+    task = RayTask(head_cpu=1, head_memory="1Gi", worker_cpu=1, worker_memory="1Gi",
+                   worker_instances=1)
+    cluster = KubeRayCluster(task, run_id=f"20261130-00000{index}-bench{index}",
+                             task_name="bench", api=api)
+    try:
+        cluster.start()
+        jobs = JobsCluster(cluster.address)
+        status, _ = jobs.run_job(entrypoint="python -c pass", runtime_env={},
+                                 submission_id=f"bench-{index}-{os.getpid()}",
+                                 echo=lambda text: None)
+        assert status == "SUCCEEDED", status
+        cluster.timeline["first task"] = time.time()
+    finally:
+        cluster.shutdown()
+    while api.pods("default", f"ray.io/cluster={cluster.name}"):
+        time.sleep(0.2)
+    cluster.timeline["deleted"] = time.time()
+    created = cluster.timeline["created"]
+    return {phase: cluster.timeline[phase] - created for phase in PHASES}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=2)
+    args = parser.parse_args()
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from michelangelo.uniflow.plugins.ray.kuberay._kube import KubeApi, KubeTarget
+
+    plane = ControlPlane(build()).start()
+    try:
+        plane.add_node("node-a", cpu="4", memory="8Gi")
+        plane.add_node("node-b", cpu="2", memory="4Gi")
+        client = plane.api_client()
+        operator = OperatorDouble(client).start()
+        kubelet = KubeletDouble(client, ["node-a", "node-b"]).start()
+        try:
+            api = KubeApi(KubeTarget(kubeconfig=str(plane.kubeconfig)))
+            runs = [one_run(api, i) for i in range(args.runs)]
+        finally:
+            kubelet.stop()
+            operator.stop()
+    finally:
+        plane.stop()
+    print(f"{'phase':<12} " + " ".join(f"run {i + 1:>2}" for i in range(len(runs)))
+          + "   median (s after the RayCluster was created)")
+    medians = {}
+    for phase in PHASES:
+        values = [run[phase] for run in runs]
+        medians[phase] = statistics.median(values)
+        print(f"{phase:<12} " + " ".join(f"{v:6.1f}" for v in values)
+              + f"   {medians[phase]:6.1f}")
+    write_results("kuberay_timeline", {"runs": runs, "median_s": medians})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,315 @@
+"""A ``RayCluster`` custom resource per RayTask: created, watched until ready, deleted.
+
+Lifecycle: the manifest is rendered, checked against the nodes (``_fit``) and by a
+server-side dry run, then created. While KubeRay and the scheduler work, pod phases and the
+reasons pods wait (scheduling failures, image pulls, crash loops) are reported as they change;
+a reason that cannot heal fails the task at once, and a provisioning deadline, separate from
+the task's own timeout, ends the wait with the phase it was stuck in. Ready means the
+``HeadPodReady`` and ``RayClusterProvisioned`` conditions, a dashboard that answers, and all
+``1 + worker_instances`` Ray nodes alive. The cluster is deleted however the task ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from michelangelo.uniflow.core.errors import ClusterError, UserError
+from michelangelo.uniflow.plugins.ray._cluster import ClusterState, RayCluster
+from michelangelo.uniflow.plugins.ray._config import RayTask
+from michelangelo.uniflow.plugins.ray.kuberay._fit import check_fit
+from michelangelo.uniflow.plugins.ray.kuberay._kube import KubeApi, KubeError, KubeTarget
+from michelangelo.uniflow.plugins.ray.kuberay._manifest import (
+    HEAD_PORTS,
+    RUN_LABEL,
+    TASK_LABEL,
+    ray_cluster_manifest,
+)
+
+DEADLINE_ENV = "UF_KUBERAY_PROVISION_TIMEOUT_S"
+_DEFAULT_DEADLINE_S = 600.0
+_POLL_S = 0.5
+_DELETE_WAIT_S = 120.0
+# Waiting reasons that do not heal by waiting longer.
+FATAL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName",
+                 "CreateContainerConfigError", "CreateContainerError")
+# A node may crash while its peers start (a worker racing its head): fatal only when it keeps
+# crashing.
+CRASH_LOOP_RESTARTS = 3
+
+
+@dataclass(frozen=True)
+class KubeRaySettings:
+    """Where and how RayClusters are made (from ``remote-run --kuberay`` options)."""
+
+    namespace: str = "default"
+    image: str | None = None
+    target: KubeTarget = field(default_factory=KubeTarget)
+    deadline_s: float | None = None
+    storage_secret: str | None = None
+    # Off only where a node autoscaler adds nodes for pods that do not fit yet.
+    fit_check: bool = True
+    # Where a host port mapping reaches the head (the kind sandbox): its dashboard URL and the
+    # node ports the head Service must use. None: the head pod's own address.
+    head_address: str | None = None
+    head_node_ports: dict[str, int] | None = None
+
+    def deadline(self) -> float:
+        if self.deadline_s is not None:
+            return float(self.deadline_s)
+        raw = os.environ.get(DEADLINE_ENV)
+        if raw is None:
+            return _DEFAULT_DEADLINE_S
+        try:
+            value = float(raw)
+        except ValueError:
+            raise UserError(f"{DEADLINE_ENV}={raw!r} must be a number of seconds, e.g. 600.") \
+                from None
+        if value <= 0:
+            raise UserError(f"{DEADLINE_ENV}={raw!r} must be more than 0 seconds.")
+        return value
+
+
+def cluster_name(run_id: str, task_name: str) -> str:
+    """A DNS-safe, unique, readable RayCluster name for one task of a run."""
+    slug = re.sub(r"[^a-z0-9-]+", "-", task_name.lower()).strip("-")[:16].strip("-") or "task"
+    stamp = re.sub(r"[^a-z0-9]", "", run_id.lower())[-6:]
+    return f"uf-{slug}-{stamp}-{uuid.uuid4().hex[:5]}"
+
+
+def label_value(value: str) -> str:
+    """``value`` as a valid label value (63 characters of [A-Za-z0-9-_.], alphanumeric ends)."""
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "-", value)[:63]
+    return cleaned.strip("-_.") or "none"
+
+
+class KubeRayCluster(RayCluster):
+    """One RayCluster on Kubernetes, shaped like a RayTask, owned by one task of a run."""
+
+    def __init__(self, task: RayTask, *, run_id: str, task_name: str,
+                 settings: KubeRaySettings | None = None, api: KubeApi | None = None,
+                 on_progress: Callable[[str], None] | None = None) -> None:
+        self.task = task
+        self.settings = settings or KubeRaySettings()
+        self.run_id = run_id
+        self.task_name = task_name
+        self.name = cluster_name(run_id, task_name)
+        self.namespace = self.settings.namespace
+        self._api = api
+        self._on_progress = on_progress or (lambda message: None)
+        self._created = False
+        self.head_ip: str | None = None
+        self.timeline: dict[str, float] = {}
+        self.reasons_seen: list[str] = []
+        self.state = ClusterState.PENDING
+
+    @property
+    def api(self) -> KubeApi:
+        if self._api is None:
+            self._api = KubeApi(self.settings.target)
+        return self._api
+
+    def manifest(self) -> dict[str, Any]:
+        return ray_cluster_manifest(
+            self.task, name=self.name, namespace=self.namespace, image=self.settings.image,
+            labels={RUN_LABEL: label_value(self.run_id), TASK_LABEL: label_value(self.task_name)},
+            storage_secret=self.settings.storage_secret,
+            head_node_ports=self.settings.head_node_ports,
+        )
+
+    # -- RayCluster interface ----------------------------------------------------------------
+    def start(self) -> None:
+        deadline_s = self.settings.deadline()
+        manifest = self.manifest()
+        if self.settings.fit_check:
+            check_fit(manifest, self.api.nodes(), self.api.all_pods())
+        try:
+            self.api.create(manifest, dry_run=True)
+        except KubeError as exc:
+            raise UserError(
+                f"the Kubernetes API refused RayCluster {self.name!r} in a dry run: "
+                f"{exc.reason or exc}. Check the RayTask and --image/--namespace options."
+            ) from None
+        self._mark("created")
+        self.api.create(manifest)
+        self._created = True
+        try:
+            self._wait_ready(time.monotonic() + deadline_s, deadline_s)
+        except BaseException:
+            self.state = ClusterState.FAILED
+            raise
+        self.state = ClusterState.READY
+
+    def wait_for_nodes(self, timeout_s: float) -> None:
+        return None  # start() returns only once every node is alive
+
+    def shutdown(self) -> None:
+        if self.state == ClusterState.DELETED or not self._created:
+            self.state = ClusterState.DELETED
+            return
+        self.api.delete("RayCluster", self.name, self.namespace)
+        deadline = time.monotonic() + _DELETE_WAIT_S
+        while time.monotonic() < deadline:
+            if self.api.get("RayCluster", self.name, self.namespace) is None:
+                break
+            time.sleep(_POLL_S)
+        self._mark("deleted")
+        self.state = ClusterState.DELETED
+
+    # -- waiting -----------------------------------------------------------------------------
+    def _wait_ready(self, deadline: float, deadline_s: float) -> None:
+        last = ""
+        phase = "waiting for KubeRay to create pods"
+        while True:
+            obj = self.api.get("RayCluster", self.name, self.namespace)
+            if obj is None:
+                raise ClusterError(f"RayCluster {self.name!r} was deleted while starting.")
+            pods = self.api.pods(self.namespace, f"ray.io/cluster={self.name}")
+            reasons = pending_reasons(pods, self._events(pods))
+            for reason in reasons:
+                if reason not in self.reasons_seen:
+                    self.reasons_seen.append(reason)
+            fatal = fatal_reason(pods)
+            if fatal:
+                raise ClusterError(
+                    f"RayCluster {self.name!r} cannot start: {fatal}. Fix the image or the "
+                    "RayTask's resources; the cluster is being deleted."
+                )
+            phase = _phase(obj, pods)
+            if any(p.get("spec", {}).get("nodeName") for p in pods):
+                self._mark("scheduled")
+            status = f"{self.name}: {phase}" + (f" ({'; '.join(reasons)})" if reasons else "")
+            if status != last:
+                self._on_progress(status)
+                last = status
+            if _condition(obj, "HeadPodReady"):
+                self._mark("head ready")
+            if _condition(obj, "HeadPodReady") and _condition(obj, "RayClusterProvisioned"):
+                head = self._head_url(pods)
+                if head and self._dashboard_ready(head):
+                    alive = self._alive_nodes(head)
+                    expected = 1 + self.task.worker_instances
+                    if alive >= expected:
+                        self._connect(head)
+                        self._mark("all ready")
+                        return
+                    phase = f"{alive} of {expected} Ray nodes alive"
+            if time.monotonic() > deadline:
+                raise ClusterError(
+                    f"RayCluster {self.name!r} was not ready within {deadline_s:.0f}s "
+                    f"({DEADLINE_ENV}); it was stuck at: {phase}. Reasons seen: "
+                    f"{'; '.join(self.reasons_seen) or 'none'}."
+                )
+            time.sleep(_POLL_S)
+
+    def _events(self, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        names = {p["metadata"]["name"] for p in pods} | {self.name}
+        return [e for e in self.api.events(self.namespace)
+                if (e.get("involvedObject") or {}).get("name") in names]
+
+    def _head_url(self, pods: list[dict[str, Any]]) -> str | None:
+        """The dashboard URL: the configured host mapping, else the head pod's address."""
+        if self.settings.head_address:
+            return self.settings.head_address.rstrip("/")
+        for pod in pods:
+            labels = pod["metadata"].get("labels") or {}
+            ip = (pod.get("status") or {}).get("podIP")
+            if labels.get("ray.io/node-type") == "head" and ip:
+                self.head_ip = ip
+                return f"http://{ip}:{HEAD_PORTS['dashboard']}"
+        return None
+
+    def _dashboard_ready(self, url: str) -> bool:
+        return _http_json(f"{url}/api/version") is not None
+
+    def _alive_nodes(self, url: str) -> int:
+        data = _http_json(f"{url}/nodes?view=summary")
+        try:
+            summary = data["data"]["summary"]
+        except (TypeError, KeyError):
+            return 0
+        return sum(1 for node in summary if (node.get("raylet") or {}).get("state") == "ALIVE")
+
+    def _connect(self, url: str) -> None:
+        self.address = url
+        self.dashboard_url = url
+
+    def _mark(self, phase: str) -> None:
+        self.timeline.setdefault(phase, time.time())
+
+
+def fatal_reason(pods: list[dict[str, Any]]) -> str | None:
+    """The first reason a pod cannot become ready however long we wait, if any."""
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            reason = waiting.get("reason", "")
+            message = waiting.get("message", "")
+            if reason in FATAL_REASONS:
+                return f"{name}: {reason}: {message}".rstrip(": ")
+            last = (cs.get("lastState") or {}).get("terminated") or {}
+            if last.get("reason") == "OOMKilled":
+                return f"{name}: OOMKilled (raise the RayTask's memory)"
+            if reason == "CrashLoopBackOff" and cs.get("restartCount", 0) >= CRASH_LOOP_RESTARTS:
+                return f"{name}: CrashLoopBackOff after {cs['restartCount']} restarts: {message}"
+    return None
+
+
+def pending_reasons(pods: list[dict[str, Any]], events: list[dict[str, Any]]) -> list[str]:
+    """Why pods are not running yet, from their conditions, container states and Events."""
+    reasons: list[str] = []
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        status = pod.get("status") or {}
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+                reasons.append(f"{name}: {cond.get('reason')}: {cond.get('message')}")
+        for cs in status.get("containerStatuses") or []:
+            state = cs.get("state") or {}
+            waiting = state.get("waiting") or {}
+            if waiting.get("reason") and waiting["reason"] != "ContainerCreating":
+                reasons.append(f"{name}: {waiting['reason']}: {waiting.get('message', '')}".rstrip(": "))
+            terminated = state.get("terminated") or (cs.get("lastState") or {}).get("terminated") or {}
+            if terminated.get("reason") == "OOMKilled":
+                reasons.append(f"{name}: OOMKilled")
+    scheduled = {p["metadata"]["name"] for p in pods if (p.get("spec") or {}).get("nodeName")}
+    for event in events:
+        obj = (event.get("involvedObject") or {}).get("name")
+        if event.get("type") == "Warning" and obj not in scheduled:
+            text = f"{obj}: {event.get('reason')}: {event.get('message')}"
+            if not any(text.split(": ", 1)[1] in r for r in reasons):
+                reasons.append(text)
+    return sorted(set(reasons))
+
+
+def _phase(obj: dict[str, Any], pods: list[dict[str, Any]]) -> str:
+    if not pods:
+        return "waiting for KubeRay to create pods"
+    phases: dict[str, int] = {}
+    for pod in pods:
+        phase = (pod.get("status") or {}).get("phase") or "Pending"
+        phases[phase] = phases.get(phase, 0) + 1
+    return "pods " + ", ".join(f"{count} {phase}" for phase, count in sorted(phases.items()))
+
+
+def _condition(obj: dict[str, Any], kind: str) -> bool:
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == kind:
+            return cond.get("status") == "True"
+    return False
+
+
+def _http_json(url: str) -> Any:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return json.loads(response.read().decode() or "null")
+    except Exception:
+        return None

@@ -1,0 +1,128 @@
+"""remote-run --kuberay end to end: the quickstart on RayClusters the provisioner makes on a
+real API server and scheduler (operator and kubelet are test doubles), then leak-proofing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from michelangelo.uniflow.core._records import RunStore, TaskState
+from michelangelo.uniflow.core._storage import Storage
+from michelangelo.uniflow.plugins.ray._ports import free_port
+from michelangelo.uniflow.plugins.ray.kuberay._gc import collect_garbage, managed_clusters
+from michelangelo.uniflow.plugins.ray.kuberay._kube import KubeApi, KubeTarget
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+WORKFLOWS = os.path.join(REPO, "tests", "uniflow", "plugins", "ray", "_remote_workflows.py")
+BIN = os.path.dirname(sys.executable)
+pytestmark = pytest.mark.timeout(1800)
+
+
+@pytest.fixture(scope="module")
+def api(kube_cluster):
+    plane, _, _ = kube_cluster
+    return KubeApi(KubeTarget(kubeconfig=str(plane.kubeconfig)))
+
+
+@pytest.fixture(scope="module")
+def storage(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("kuberay-storage"))
+
+
+def _env(plane, storage: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    env.update(UF_STORAGE_URL=storage, KUBECONFIG=str(plane.kubeconfig),
+               RAY_AUTH_MODE="disabled", PATH=BIN + os.pathsep + env.get("PATH", ""),
+               UF_KUBERAY_PROVISION_TIMEOUT_S="600")
+    return env
+
+
+def _run_id(output: str) -> str:
+    for line in output.splitlines():
+        if line.startswith("run id: "):
+            return line.split(": ", 1)[1].strip()
+    raise AssertionError(f"no run id in:\n{output[-3000:]}")
+
+
+def _no_clusters_left(api, timeout: float = 90) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not api.list("RayCluster", "default") and not api.pods("default", "ray.io/is-ray-node=yes"):
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def test_quickstart_runs_through_kuberay_and_leaves_nothing(kube_cluster, api, storage):
+    plane, operator, kubelet = kube_cluster
+    quickstart = os.path.join(REPO, "examples", "quickstart", "workflow.py")
+    args = ["--arg", "n_rows=400", "--arg", "epochs=1"]
+    with open(quickstart) as handle:
+        if "port: int" in handle.read():
+            args += ["--arg", f"port={free_port()}"]
+    done = subprocess.run(
+        [os.path.join(BIN, "michelangelo"), "run", f"{quickstart}:quickstart", *args,
+         "--kuberay", "--namespace", "default"],
+        env=_env(plane, storage), capture_output=True, text=True, timeout=1500, cwd=REPO)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-6000:]
+    run_id = _run_id(done.stdout)
+    tasks = {r.call_id: r for r in RunStore(Storage(storage)).load_tasks(run_id)}
+    assert all(t.state == TaskState.SUCCEEDED for t in tasks.values()), tasks
+    assert "RayCluster default/uf-prepare-" in output and " ready" in output
+    assert "deleted" in output
+    assert _no_clusters_left(api)
+    assert all(proc.poll() is not None for proc in kubelet.processes())
+    assert operator.errors == [] and kubelet.errors == []
+
+
+def test_sigterm_while_a_task_runs_deletes_its_cluster(kube_cluster, api, storage):
+    plane, _, _ = kube_cluster
+    env = _env(plane, storage)
+    env.update(WF="slow", WF_SECONDS="600")
+    proc = subprocess.Popen([sys.executable, WORKFLOWS, "remote-run", "--kuberay"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd=REPO)
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            ready = [c for c in managed_clusters(api, None) if c.ready]
+            if ready:
+                break
+            assert proc.poll() is None, proc.stdout.read()[-3000:]
+            time.sleep(1)
+        assert ready, "no RayCluster became ready"
+        assert ready[0].task == "sleeper"
+        time.sleep(3)  # let the job start
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert "deleted" in output, output[-3000:]
+    assert _no_clusters_left(api)
+
+
+def test_gc_removes_clusters_whose_run_is_gone_or_expired(kube_cluster, api, storage):
+    from michelangelo.uniflow.plugins.ray import RayTask
+    from michelangelo.uniflow.plugins.ray.kuberay._provisioner import KubeRayCluster
+
+    task = RayTask(head_cpu=1, head_memory="1Gi", worker_instances=0)
+    orphan = KubeRayCluster(task, run_id="20990101-000000-gone00", task_name="orphan", api=api)
+    manifest = orphan.manifest()
+    api.create(manifest)  # as if its driver had been SIGKILLed right after creating it
+    store = RunStore(Storage(storage))
+    listed = {c.name: c for c in managed_clusters(api, store)}
+    assert listed[orphan.name].garbage and listed[orphan.name].reason == "its run is not in storage"
+    assert collect_garbage(api, store, dry_run=True)[0].name == orphan.name
+    assert api.get("RayCluster", orphan.name, "default") is not None
+    removed = collect_garbage(api, store)
+    assert [c.name for c in removed] == [orphan.name]
+    assert _no_clusters_left(api)

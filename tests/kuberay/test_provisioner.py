@@ -1,0 +1,122 @@
+"""The KubeRay provisioner against a real API server and scheduler (operator and kubelet are
+test doubles): readiness, the fit check, pending reasons, fatal reasons, deadlines, deletion."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from michelangelo.uniflow.core.errors import ClusterError
+from michelangelo.uniflow.plugins.ray import RayTask
+from michelangelo.uniflow.plugins.ray.kuberay._fit import ClusterFitError
+from michelangelo.uniflow.plugins.ray.kuberay._kube import KubeApi, KubeTarget
+from michelangelo.uniflow.plugins.ray.kuberay._provisioner import (
+    KubeRayCluster,
+    KubeRaySettings,
+)
+
+SMALL = RayTask(head_cpu=1, head_memory="1Gi", worker_cpu=1, worker_memory="1Gi",
+                worker_instances=1)
+
+
+@pytest.fixture(scope="module")
+def api(kube_cluster):
+    plane, _, _ = kube_cluster
+    return KubeApi(KubeTarget(kubeconfig=str(plane.kubeconfig)))
+
+
+def _cluster(api, task, run_id="20261129-000000-aaaaaa", **settings):
+    messages: list[str] = []
+    cluster = KubeRayCluster(task, run_id=run_id, task_name="train",
+                             settings=KubeRaySettings(**settings), api=api,
+                             on_progress=messages.append)
+    return cluster, messages
+
+
+def _wait_gone(api, name, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if api.get("RayCluster", name, "default") is None and not api.pods(
+                "default", f"ray.io/cluster={name}"):
+            return True
+        time.sleep(0.5)
+    return False
+
+
+def test_cluster_becomes_ready_with_every_node_then_is_deleted(api, kube_cluster):
+    _, _, kubelet = kube_cluster
+    cluster, messages = _cluster(api, SMALL, deadline_s=240)
+    try:
+        cluster.start()
+        assert cluster.address.startswith("http://127.0.0.")
+        assert cluster._alive_nodes(cluster.address) == 2
+        assert set(cluster.timeline) >= {"created", "scheduled", "head ready", "all ready"}
+        assert any("Pending" in m or "Running" in m for m in messages)
+        pods = api.pods("default", f"ray.io/cluster={cluster.name}")
+        assert sorted(p["spec"]["nodeName"] is not None for p in pods) == [True, True]
+        procs = kubelet.processes()
+        assert procs
+    finally:
+        cluster.shutdown()
+    assert _wait_gone(api, cluster.name)
+    assert all(proc.poll() is not None for proc in procs)
+
+
+def test_fit_check_names_the_pod_the_resource_and_the_largest_node(api):
+    task = RayTask(head_cpu=1, worker_cpu=16, worker_memory="1Gi", worker_instances=1)
+    cluster, _ = _cluster(api, task)
+    with pytest.raises(ClusterFitError) as info:
+        cluster.start()
+    message = str(info.value)
+    assert "worker pod 1/1" in message and "cpu" in message and "'node-a'" in message
+    assert api.get("RayCluster", cluster.name, "default") is None  # nothing was created
+
+
+def test_fit_check_sees_that_pods_do_not_fit_together(api):
+    task = RayTask(head_cpu=1, worker_cpu=2, worker_memory="1Gi", worker_instances=3)
+    cluster, _ = _cluster(api, task)
+    with pytest.raises(ClusterFitError, match="all 4 pods together"):
+        cluster.start()
+    assert api.get("RayCluster", cluster.name, "default") is None
+
+
+def test_pending_reasons_are_reported_and_the_deadline_names_the_phase(api):
+    # With the fit check off (as with a node autoscaler) the real scheduler says why.
+    task = RayTask(head_cpu=1, worker_cpu=16, worker_memory="1Gi", worker_instances=1)
+    cluster, messages = _cluster(api, task, fit_check=False, deadline_s=15)
+    try:
+        with pytest.raises(ClusterError) as info:
+            cluster.start()
+    finally:
+        cluster.shutdown()
+    message = str(info.value)
+    assert "was not ready within 15s" in message and "Pending" in message
+    assert "Insufficient cpu" in message
+    assert any("Insufficient cpu" in m for m in messages)
+    assert _wait_gone(api, cluster.name)
+
+
+def test_an_image_that_cannot_be_pulled_fails_at_once(api):
+    cluster, _ = _cluster(api, SMALL, image="registry.invalid/ray:missing", deadline_s=120)
+    started = time.monotonic()
+    try:
+        with pytest.raises(ClusterError, match="ImagePullBackOff"):
+            cluster.start()
+    finally:
+        cluster.shutdown()
+    assert time.monotonic() - started < 60  # long before the deadline
+    assert _wait_gone(api, cluster.name)
+
+
+def test_server_side_dry_run_refuses_what_the_crd_rejects(api):
+    from michelangelo.uniflow.core.errors import UserError
+
+    cluster, _ = _cluster(api, SMALL)
+    manifest = cluster.manifest()
+    manifest["spec"]["workerGroupSpecs"][0]["replicas"] = "one"
+    with pytest.raises(Exception) as info:
+        api.create(manifest, dry_run=True)
+    assert "replicas" in str(info.value)
+    assert api.get("RayCluster", cluster.name, "default") is None
+    assert not isinstance(info.value, UserError)
