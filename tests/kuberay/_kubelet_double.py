@@ -29,6 +29,9 @@ from typing import Any
 
 from kubernetes import client
 
+# A pod's processes are ended, and its start is seen, the way the local provisioner does it.
+from michelangelo.uniflow.plugins.ray._local import _head_started, _kill_sessions
+
 _HEAD_GCS_PORT = 6379
 _DASHBOARD_PORT = 8265
 
@@ -130,7 +133,7 @@ class KubeletDouble:
         cluster = labels.get("ray.io/cluster", "")
         heads = [p for p in self._pods.values() if p.head and self._heads.get(cluster, ("",))[0]
                  == p.ip]
-        return bool(heads) and _ray_started(heads[0].log)
+        return bool(heads) and _head_started(heads[0].log)
 
     def _report_init(self, pod: Any) -> None:
         if pod.status.phase == "Pending" and any(
@@ -217,7 +220,7 @@ class KubeletDouble:
         if proc.poll() is not None:
             now = time.monotonic()
             if not record.restart_at:
-                _kill_session(proc.pid)
+                _kill_sessions({proc.pid})
                 record.restarts += 1
                 record.restart_at = now + min(5.0 * 2 ** (record.restarts - 1), 60.0)
             elif now >= record.restart_at:
@@ -231,7 +234,7 @@ class KubeletDouble:
                                              "finishedAt": _now(), "startedAt": _now()}},
                         restarts=record.restarts)
             return
-        ready = _ray_started(record.log)
+        ready = _head_started(record.log)
         state = {"running": {"startedAt": _now()}}
         self._patch(pod, record, "Running", ready, state, f"running{ready}{record.restarts}",
                     restarts=record.restarts)
@@ -267,30 +270,7 @@ class KubeletDouble:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 record.proc.wait(timeout=10)
         if record.proc is not None:
-            _kill_session(record.proc.pid)
+            _kill_sessions({record.proc.pid})
         import shutil
 
         shutil.rmtree(record.temp_dir, ignore_errors=True)
-
-
-def _kill_session(sid: int) -> None:
-    import psutil
-
-    for _ in range(3):
-        left = []
-        for proc in psutil.process_iter():
-            with contextlib.suppress(psutil.Error, ProcessLookupError, PermissionError):
-                if os.getsid(proc.pid) == sid:
-                    proc.kill()
-                    left.append(proc)
-        if not left:
-            return
-        psutil.wait_procs(left, timeout=5)
-
-
-def _ray_started(log: str) -> bool:
-    try:
-        with open(log, "rb") as handle:
-            return b"Ray runtime started" in handle.read()
-    except OSError:
-        return False
