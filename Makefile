@@ -34,8 +34,11 @@ demo: setup
 k8s:
 	bash tools/build_k8s_control_plane.sh
 
+# The KubeRay tests run in a pytest process of their own: their session keeps a control plane
+# and two test doubles running, which no other test should share.
 test: setup k8s
-	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider
+	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider --ignore=tests/kuberay
+	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider tests/kuberay
 
 bench: setup
 	bash bench/run_all.sh
