@@ -66,3 +66,19 @@ def io_named(name: str) -> ValueIO:
     raise LookupError(
         f"no uniflow IO named {name!r} is registered; import the package that provides it"
     )
+
+
+def write_value(storage: Storage, final: str, value: Any) -> tuple[Any, dict]:
+    """Write ``value`` through its IO to a staging folder, then publish it at ``final``.
+
+    Returns the IO and its metadata; nothing is left at ``final`` when the write fails.
+    """
+    io = io_for(value)
+    staging = storage.staging_dir(final)
+    try:
+        meta = io.write(value, storage, staging)
+        storage.publish(staging, final)
+    except BaseException:
+        storage.remove(staging)
+        raise
+    return io, meta

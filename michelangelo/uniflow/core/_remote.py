@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from michelangelo.uniflow.core._fingerprint import code_fingerprint
-from michelangelo.uniflow.core._io import io_for, io_named
+from michelangelo.uniflow.core._io import io_named, write_value
 from michelangelo.uniflow.core._runtime import CallInfo, reset_current_call, set_current_call
 from michelangelo.uniflow.core._storage import Storage
 from michelangelo.uniflow.core._timeout import time_limit
@@ -238,15 +238,8 @@ def _store_inputs(storage: Storage, call_dir: str, arguments: dict[str, Any]) ->
         return stored
     out = {}
     for name, value in arguments.items():
-        io = io_for(value)
         final = posixpath.join(call_dir, "inputs", name)
-        staging = storage.staging_dir(final)
-        try:
-            meta = io.write(value, storage, staging)
-            storage.publish(staging, final)
-        except BaseException:
-            storage.remove(staging)
-            raise
+        io, meta = write_value(storage, final, value)
         out[name] = {"io": io.name, "folder": final, "meta": meta}
     storage.write_json(index, out)
     return out

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from michelangelo.uniflow.core import _builtin_io  # noqa: F401  (registers the built-in IOs)
 from michelangelo.uniflow.core._console import Reporter
 from michelangelo.uniflow.core._fingerprint import call_key, inputs_fingerprint
-from michelangelo.uniflow.core._io import io_for, io_named
+from michelangelo.uniflow.core._io import io_named, write_value
 from michelangelo.uniflow.core._logs import capture_output
 from michelangelo.uniflow.core._plugin import TaskPlugin, find_plugin
 from michelangelo.uniflow.core._records import (
@@ -389,15 +389,8 @@ _MISSING = object()
 
 def persist_value(storage: Storage, call_dir: str, attempt: int, value: Any) -> tuple[dict, Any]:
     """Write one attempt's result atomically; return its output record and travelling value."""
-    io = io_for(value)
     final = posixpath.join(call_dir, f"output-{attempt}")
-    staging = storage.staging_dir(final)
-    try:
-        meta = io.write(value, storage, staging)
-        storage.publish(staging, final)
-    except BaseException:
-        storage.remove(staging)
-        raise
+    io, meta = write_value(storage, final, value)
     return ({"io": io.name, "folder": final, "meta": meta},
             io.travelling(value, storage, final, meta))
 
