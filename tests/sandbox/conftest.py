@@ -92,8 +92,11 @@ def first_create(tmp_path_factory):
         with open(tools.settings_path) as handle:
             settings = handle.read()
         mode = os.stat(tools.settings_path).st_mode & 0o777
-        yield {"tools": tools, "result": result, "calls": tools.calls(), "state": state,
-               "settings": settings, "mode": mode}
+        found = {"tools": tools, "result": result, "calls": tools.calls(), "state": state,
+                 "settings": settings, "mode": mode}
+    # Returned after PATH and HOME are put back: the stand-ins must not stay on PATH for the
+    # rest of the session (a later `ray start` would find no bash).
+    return found
 
 
 @pytest.fixture

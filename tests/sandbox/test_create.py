@@ -32,11 +32,12 @@ def runs(first_create):
         second = tools.invoke("create", "--project-dir", tools.project)
         with open(tools.settings_path) as handle:
             second_settings = handle.read()
-        yield {"tools": tools, "first": first_create["result"],
-               "first_calls": first_create["calls"], "mode": first_create["mode"],
-               "first_settings": first_create["settings"], "second": second,
-               "second_calls": tools.calls(), "second_settings": second_settings,
-               "settings": load_sandbox_settings(tools.settings_path)}
+        found = {"tools": tools, "first": first_create["result"],
+                 "first_calls": first_create["calls"], "mode": first_create["mode"],
+                 "first_settings": first_create["settings"], "second": second,
+                 "second_calls": tools.calls(), "second_settings": second_settings,
+                 "settings": load_sandbox_settings(tools.settings_path)}
+    return found
 
 
 def _argv(calls):
