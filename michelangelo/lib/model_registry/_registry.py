@@ -284,6 +284,7 @@ class ModelRegistry:
             raise
         logger.info("Registered %s/%s:%d (%d bytes of weights) in %s", project, model, revision,
                     metadata["weights_bytes"], self.url)
+        _record_in_run(project, model, revision, metadata, self.url)
         return ModelSpec(project, model, revision)
 
     # ---- read ----------------------------------------------------------------------------
@@ -545,3 +546,13 @@ def _describe_source(source: Any) -> str | None:
     if path is not None and filesystem is not None:  # a ray.train.Checkpoint
         return str(path)
     return os.fspath(source) if isinstance(source, str | os.PathLike) else str(source)
+
+
+def _record_in_run(project: str, model: str, revision: int, metadata: dict[str, Any],
+                   url: str) -> None:
+    """Note the new revision in the running uniflow task's record (for ``runs report``)."""
+    from michelangelo.uniflow.core import record_artifact
+
+    record_artifact("registry_revision", spec=f"{project}/{model}:{revision}",
+                    weights_bytes=metadata.get("weights_bytes"),
+                    metrics=metadata.get("metrics") or {}, registry=str(url))

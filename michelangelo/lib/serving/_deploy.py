@@ -148,7 +148,12 @@ def deploy(spec: Any, *, name: str | None = None, num_replicas: int = 1,
     connect()
     ensure_serve(host, port)
     _run(description)
-    return _deployment(description, revision.spec)
+    deployment = _deployment(description, revision.spec)
+    from michelangelo.uniflow.core import record_artifact
+
+    record_artifact("deployment", name=description.name, spec=str(revision.spec),
+                    url=deployment.url, replicas=num_replicas)
+    return deployment
 
 
 def _run(description: DeploymentDescription) -> None:

@@ -250,3 +250,27 @@ def test_weights_file_is_plain_safetensors_both_ways(tmp_path):
     assert digest == st.sha256_of(data)
     for key, value in mixed.items():
         assert torch.equal(back[key], value), key
+
+
+def test_a_revision_registered_in_a_task_is_in_the_run_record(tmp_path):
+    import michelangelo.uniflow.core as uniflow
+    from michelangelo.uniflow.core._console import Reporter
+    from michelangelo.uniflow.core._records import RunStore
+    from michelangelo.uniflow.core._storage import Storage
+
+    registry = ModelRegistry(str(tmp_path / "registry"))
+
+    @uniflow.task()
+    def register() -> str:
+        spec = registry.register("p", "m", model=_mlp(), create_model_fn=rf.create_mlp,
+                                 metrics={"val_loss": 0.5})
+        return str(spec)
+
+    storage = str(tmp_path / "uf")
+    context = uniflow.Context(storage_url=storage, reporter=Reporter())
+    context.run(register)
+    tasks = RunStore(Storage(storage)).load_tasks(context.last_run_id)
+    entries = [a for t in tasks for a in t.artifacts if a["kind"] == "registry_revision"]
+    assert len(entries) == 1
+    assert entries[0]["spec"] == "p/m:1" and entries[0]["metrics"] == {"val_loss": 0.5}
+    assert entries[0]["weights_bytes"] > 0
