@@ -109,6 +109,8 @@ def create_context(argv: Sequence[str] | None = None) -> Context:
     on that cluster (options such as ``--ray-address`` come from the imported plugins).
     Arguments that are not a uniflow sub-command (a test runner's, say) are left alone.
     """
+    if argv is None:
+        _short_failures_in_scripts()
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] not in _MODES:
         return Context()
@@ -129,6 +131,30 @@ def create_context(argv: Sequence[str] | None = None) -> Context:
                if getattr(parsed, f"option_{name}") is not None}
     return Context(parsed.mode, resume=parsed.resume, storage_url=parsed.storage_url,
                    options=options)
+
+
+def _short_failures_in_scripts() -> None:
+    """In a workflow script, end on a failure the console already summarised in one line.
+
+    The summary (task, error, the failing worker's last lines, the logs command) is what the
+    user needs; Python's traceback after it repeats the error from uniflow's own frames.
+    ``UF_VERBOSE=1`` or ``UF_DEBUG=1`` keeps the traceback.
+    """
+    previous = sys.excepthook
+    if getattr(previous, "__uniflow__", False):
+        return
+
+    def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
+        import os
+
+        if getattr(exc, "__uniflow_summarized__", False) and not os.environ.get("UF_DEBUG"):
+            sys.stderr.write(f"run failed: {kind.__name__}: {exc}\n"
+                             "(details above; UF_DEBUG=1 shows the Python traceback)\n")
+            return
+        previous(kind, exc, tb)
+
+    hook.__uniflow__ = True  # type: ignore[attr-defined]
+    sys.excepthook = hook
 
 
 def run_callable(name: str, body: Callable[[], Any]) -> Any:

@@ -354,7 +354,7 @@ class Run:
         record.error["logs_command"] = self._logs_command(record.call_id)
         self.store.save_task(self.run_id, record)
         self.reporter.task_changed(record)
-        raise _prefixed(last_exc, task.name)
+        raise _summarized(_prefixed(last_exc, task.name), self.reporter)
 
     def _logs_command(self, call_id: str) -> str:
         command = f"michelangelo runs logs {self.run_id} {call_id}"
@@ -441,6 +441,14 @@ def _raiser(exc: BaseException) -> Callable[[], None]:
         raise exc
 
     return again
+
+
+def _summarized(exc: BaseException, reporter: Reporter) -> BaseException:
+    """Mark ``exc`` as already shown to the user by a quiet console's failure summary."""
+    if reporter.quiet:
+        with contextlib.suppress(AttributeError, TypeError):
+            exc.__uniflow_summarized__ = True
+    return exc
 
 
 def _prefixed(exc: BaseException, task_name: str) -> BaseException:

@@ -137,3 +137,39 @@ def test_cli_verbose_flag_streams_task_output(tmp_path, monkeypatch):
     loud = CliRunner().invoke(cli, ["--verbose", "run", f"{workflow}:main"])
     assert loud.exit_code == 0, loud.output
     assert "shouting 7" in loud.output
+
+
+FAILING_SCRIPT = """
+import michelangelo.uniflow.core as uniflow
+
+@uniflow.task()
+def parse(path: str) -> int:
+    raise KeyError("column 'label' is missing")
+
+@uniflow.workflow()
+def wf() -> int:
+    return parse("rows.csv")
+
+if __name__ == "__main__":
+    uniflow.create_context().run(wf)
+"""
+
+
+@pytest.mark.parametrize("debug", [False, True])
+def test_a_failed_script_ends_on_the_summary_not_a_traceback(tmp_path, debug):
+    import subprocess
+    import sys
+
+    script = tmp_path / "wf.py"
+    script.write_text(FAILING_SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k not in ("UF_VERBOSE", "UF_DEBUG")}
+    env["UF_STORAGE_URL"] = str(tmp_path / "uf")
+    if debug:
+        env["UF_DEBUG"] = "1"
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 1
+    assert "column 'label' is missing" in done.stderr
+    assert "michelangelo runs logs" in done.stderr  # the summary is there either way
+    assert ("Traceback" in done.stderr) is debug
+    assert ("run failed: KeyError" in done.stderr) is not debug
