@@ -1,4 +1,4 @@
-"""Strategies through LightningTrainer on real workers: FSDP2 on CPU; FSDP1/DeepSpeed on GPU."""
+"""Strategies through LightningTrainer on real GPU workers: FSDP1, DeepSpeed, fp16 DDP."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import pytest
 import ray
 import torch
 from _models import (
-    create_tiny_fsdp2_model,
     create_tiny_model,
     make_regression_datasets,
     ship_by_value,
@@ -45,13 +44,7 @@ def _run(tmp_path, name, factory, strategy, use_gpu=False, **extra):
     ).train()
 
 
-def test_fsdp2_runs_on_cpu_without_prepare_trainer(tmp_path):
-    result = _run(tmp_path, "fsdp2", create_tiny_fsdp2_model, "fsdp2")
-    assert result["metrics"]["step"] == 2
-    # A distributed (DCP) checkpoint: checkpoint.ckpt is a folder with per-rank shards.
-    ckpt = os.path.join(result["checkpoint_path"], "checkpoint.ckpt")
-    assert os.path.isdir(ckpt)
-    assert any(name.endswith(".distcp") for name in os.listdir(ckpt))
+# FSDP2 on CPU is trained end to end in test_state_dict.py and test_fsdp2.py.
 
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -23,7 +23,7 @@ _FILES = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def schema_for(kind: str, version: str = "v1") -> dict[str, Any]:
     crd = yaml.load((CRD_DIR / _FILES[kind]).read_text(), Loader=_LOADER)
     for entry in crd["spec"]["versions"]:
