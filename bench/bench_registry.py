@@ -5,8 +5,8 @@ Arms, alternated in one process on the same local disk, medians reported:
 * ``register+load``: ``ModelRegistry.register(state_dict=...)`` (safetensors encode, sha256,
   staging, exclusive revision claim, publish) then ``load_state_dict`` (read, sha256 check,
   decode);
-* ``torch.save+torch.load``: the same dict saved to one file and read back with
-  ``torch.load(weights_only=True)``;
+* ``torch.save+torch.load``: the same dict saved to a new file (as each registration is a
+  new revision) and read back with ``torch.load(weights_only=True)``;
 * ``load`` alone: ``load_state_dict`` of a registered revision vs ``torch.load`` of the file.
 
 Targets: register+load at most 1.3x the raw pair; load at least as fast as ``torch.load``
@@ -63,8 +63,11 @@ def main() -> None:
             registry.load_state_dict(spec)
 
         def raw_roundtrip() -> None:
-            torch.save(state_dict, raw_path)
-            torch.load(raw_path, map_location="cpu", weights_only=True)
+            # A new file each round, as each registration is a new revision: overwriting one
+            # file would reuse its page-cache pages, which no new checkpoint gets.
+            path = os.path.join(root, f"raw-{next(counter)}.pt")
+            torch.save(state_dict, path)
+            torch.load(path, map_location="cpu", weights_only=True)
 
         # Warm-up: first-touch costs (imports, page cache, allocator) out of the measurement.
         ours_roundtrip()
