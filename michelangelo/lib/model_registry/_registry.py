@@ -397,8 +397,12 @@ class ModelRegistry:
             size = self._store.size(path)
             if size != revision.weights_bytes:
                 raise ValueError(f"{size} bytes, recorded {revision.weights_bytes}")
-            with self._store.open_read(path) as handle:
-                weights, digest = st.read_state_dict(handle, size)
+            local = self._store.local_path(path)
+            if local is not None:
+                weights, digest = st.map_state_dict(local, size)
+            else:
+                with self._store.open_read(path) as handle:
+                    weights, digest = st.read_state_dict(handle, size)
         except (OSError, ValueError) as error:
             raise WeightsIntegrityError(
                 f"revision {revision.name}: {WEIGHTS_FILE} is unreadable or truncated ({error})."

@@ -16,9 +16,11 @@ partly overlap (a slice of another tensor) are stored as copies, which keeps the
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import hashlib
 import io
 import json
+import mmap
 import os
 import struct
 from collections.abc import Iterable, Mapping
@@ -254,6 +256,26 @@ def read_state_dict(handle: IO[bytes], size: int) -> tuple[dict[str, torch.Tenso
     if pending is not None:
         pending.result()
     return decode(buffer), digest.hexdigest()
+
+
+def map_state_dict(path: str, size: int) -> tuple[dict[str, torch.Tensor], str]:
+    """:func:`read_state_dict` for a file on local disk, without copying it.
+
+    The file is memory-mapped copy-on-write: the tensors view the page cache's pages, one
+    sha256 pass reads them, and writing to a tensor copies only the page written (the file
+    never changes). Registry files are published once and never rewritten in place.
+    """
+    with open(path, "rb") as handle:
+        if size == 0:
+            raise ValueError("file is empty")
+        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+    if len(mapped) != size:
+        raise ValueError(f"file has {len(mapped)} bytes, recorded {size}")
+    with contextlib.suppress(AttributeError, OSError):  # madvise: Linux and macOS
+        mapped.madvise(mmap.MADV_SEQUENTIAL)
+    digest = hashlib.sha256(mapped).hexdigest()
+    # The tensor holds a reference to the mapping, which lives as long as any view of it.
+    return decode(torch.frombuffer(mapped, dtype=torch.uint8)), digest
 
 
 def shapes_of(header: Mapping[str, Any]) -> dict[str, tuple[int, ...]]:

@@ -154,6 +154,10 @@ class ModelStore:
             return open(path, "rb")  # noqa: SIM115 - the caller's with-block closes it
         return self.storage.fs.open(path, "rb")
 
+    def local_path(self, path: str) -> str | None:
+        """``path`` as a file on this machine's disk, or None on other filesystems."""
+        return path if self.storage.is_local else None
+
     def size(self, path: str) -> int:
         if self.storage.is_local:
             return os.path.getsize(path)

@@ -274,3 +274,20 @@ def test_a_revision_registered_in_a_task_is_in_the_run_record(tmp_path):
     assert len(entries) == 1
     assert entries[0]["spec"] == "p/m:1" and entries[0]["metrics"] == {"val_loss": 0.5}
     assert entries[0]["weights_bytes"] > 0
+
+
+def test_loaded_weights_are_private_copies_of_the_mapped_file(tmp_path):
+    import gc
+
+    registry = ModelRegistry(str(tmp_path / "registry"))
+    model = _mlp()
+    spec = registry.register("p", "m", model=model, create_model_fn=rf.create_mlp)
+    first = registry.load_state_dict(spec)
+    del registry
+    gc.collect()
+    for tensor in first.values():
+        tensor.add_(1.0)  # copy-on-write: only this process's pages change
+    again = ModelRegistry(str(tmp_path / "registry")).load_state_dict(spec)
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(again[name], tensor)
+        torch.testing.assert_close(first[name], tensor + 1.0)
