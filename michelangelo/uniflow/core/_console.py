@@ -114,6 +114,7 @@ class PlainReporter(Reporter):
         self._progress_every_s = progress_every_s
         self._progress_printed: dict[str, float] = {}
         self._last_progress: dict[str, dict] = {}
+        self._finished: dict[str, dict] = {}
 
     @property
     def stream(self):
@@ -158,6 +159,11 @@ class PlainReporter(Reporter):
             if last is not None and not last.get("done"):
                 self._print(f"{key}: {format_progress(dict(last, done=True))}")
             return
+        if state.get("done"):
+            # The driver keeps polling until the task ends: say "done" once, not per poll.
+            if self._finished.get(key) == state:
+                return
+            self._finished[key] = state
         self._last_progress[key] = state
         printed = self._progress_printed.get(key)
         if state.get("done") or printed is None or now - printed >= self._progress_every_s:
