@@ -3,8 +3,6 @@ with two Node objects served by the kubelet double and the KubeRay operator doub
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 from tests.kuberay._control_plane import ControlPlane, build
@@ -31,10 +29,14 @@ def kube_cluster(control_plane):
     api_client = control_plane.api_client()
     operator = OperatorDouble(api_client).start()
     kubelet = KubeletDouble(api_client, list(NODES)).start()
-    os.environ["KUBECONFIG"] = str(control_plane.kubeconfig)
     try:
         yield control_plane, operator, kubelet
     finally:
-        os.environ.pop("KUBECONFIG", None)
         kubelet.stop()
         operator.stop()
+
+
+@pytest.fixture(autouse=True)
+def _kubeconfig(control_plane, monkeypatch):
+    """Each test (and what it starts in-process) reaches the plane through KUBECONFIG."""
+    monkeypatch.setenv("KUBECONFIG", str(control_plane.kubeconfig))
