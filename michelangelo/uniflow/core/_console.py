@@ -35,12 +35,14 @@ def format_progress(state: dict[str, Any]) -> str:
         parts.append(f"step {state['step']}/{total}" if total else f"step {state['step']}")
     if state.get("rows_per_s"):
         parts.append(f"{state['rows_per_s']:,.0f} rows/s")
-    if state.get("eta_s") is not None and not state.get("done"):
+    if state.get("eta_s") is not None and not (state.get("done") or state.get("stopped")):
         parts.append(f"ETA {_clock(state['eta_s'])}")
     for name, value in sorted((state.get("metrics") or {}).items()):
         parts.append(f"{name} {value:.4g}" if isinstance(value, float) else f"{name} {value}")
     if state.get("done"):
         parts.append("done")
+    elif state.get("stopped"):
+        parts.append("stopped")
     return "  ".join(parts)
 
 
@@ -157,7 +159,8 @@ class PlainReporter(Reporter):
             last = self._last_progress.pop(key, None)
             self._progress_printed.pop(key, None)
             if last is not None and not last.get("done"):
-                self._print(f"{key}: {format_progress(dict(last, done=True))}")
+                # Removed before the workers said done: the training failed or was stopped.
+                self._print(f"{key}: {format_progress(dict(last, stopped=True))}")
             return
         if state.get("done"):
             # The driver keeps polling until the task ends: say "done" once, not per poll.

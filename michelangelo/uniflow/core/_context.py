@@ -148,7 +148,8 @@ def _short_failures_in_scripts() -> None:
         import os
 
         if getattr(exc, "__uniflow_summarized__", False) and not os.environ.get("UF_DEBUG"):
-            sys.stderr.write(f"run failed: {kind.__name__}: {exc}\n"
+            first = (str(exc).strip().splitlines() or [""])[0]
+            sys.stderr.write(f"run failed: {kind.__name__}: {first}\n"
                              "(details above; UF_DEBUG=1 shows the Python traceback)\n")
             return
         previous(kind, exc, tb)

@@ -115,6 +115,18 @@ def test_plain_progress_lines_are_throttled():
     assert format_progress({"step": 3}) == "step 3"
 
 
+def test_progress_removed_before_done_says_stopped():
+    console = io.StringIO()
+    reporter = PlainReporter(console, progress_every_s=10.0)
+    reporter.progress("001-train", {"epoch": 0, "max_epochs": 1, "step": 2, "total_steps": 8,
+                                    "eta_s": 30})
+    reporter.progress("001-train", None)  # the fit raised on a worker
+    assert console.getvalue().splitlines() == [
+        "[uniflow] 001-train: epoch 1/1  step 2/8  ETA 0:30",
+        "[uniflow] 001-train: epoch 1/1  step 2/8  stopped",
+    ]
+
+
 def test_cli_verbose_flag_streams_task_output(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
@@ -174,3 +186,5 @@ def test_a_failed_script_ends_on_the_summary_not_a_traceback(tmp_path, debug):
     assert "michelangelo runs logs" in done.stderr  # the summary is there either way
     assert ("Traceback" in done.stderr) is debug
     assert ("run failed: KeyError" in done.stderr) is not debug
+    if not debug:  # one line, however long the error's message
+        assert done.stderr.strip().splitlines()[-1].startswith("(details above")
