@@ -313,25 +313,11 @@ def scaling_for(size: str) -> ScalingConfig:
 
 
 def memory_preflight(trainer: LightningTrainerWithStateDict) -> str:
-    """The trainer's own memory estimate, as one line.
-
-    The trainer ran this check in its constructor (and would have refused a model too big
-    for a worker); it keeps no copy of the figure, so we ask the same functions again.
-    """
-    from michelangelo.lib.trainer.torch.pytorch_lightning._preflight import (
-        build_meta_model,
-        check_memory,
-        count_meta_parameters,
-    )
-
-    param = trainer.trainer_param
-    model = build_meta_model(param.create_model_fn, param.create_model_fn_kwargs)
-    if model is None:
-        return "memory preflight: skipped (the model cannot be built on the meta device)"
-    estimate = check_memory(count_meta_parameters(model), trainer._resolved.strategy,
-                            trainer.scaling_config)
+    """The estimate the trainer's memory preflight made in its constructor, as one line."""
+    estimate = trainer.memory_estimate
     if estimate is None:
-        return "memory preflight: skipped (no per-worker memory declared)"
+        return ("memory preflight: skipped (no per-worker memory declared, or the model "
+                "cannot be built on the meta device)")
     return (f"memory preflight: {estimate.parameters:,} parameters -> "
             f"{estimate.per_worker_bytes / 2**20:.1f} MiB per worker before activations, "
             f"{estimate.fraction:.1%} of {estimate.budget_bytes / 2**30:.2f} GiB "

@@ -174,7 +174,17 @@ class LightningTrainer(TorchTrainer):
             dataset_config=self.data_config,
         )
 
+    @property
+    def memory_estimate(self) -> Any:
+        """The memory preflight's figures (parameters, bytes per worker, budget), or None.
+
+        None when the model could not be built on the meta device or no per-worker memory
+        is declared (``resources_per_worker['memory']`` or the RayTask's worker memory).
+        """
+        return self._memory_estimate
+
     def _preflight_model(self, scaling_config: ScalingConfig) -> None:
+        self._memory_estimate = None
         param = self.trainer_param
         model = build_meta_model(param.create_model_fn, param.create_model_fn_kwargs)
         if model is None:
@@ -182,7 +192,8 @@ class LightningTrainer(TorchTrainer):
         spec = param.transfer_learning_spec
         if spec is not None and spec.freezes:
             frozen_names([n for n, _ in model.named_parameters()], spec)
-        check_memory(count_meta_parameters(model), self._resolved.strategy, scaling_config)
+        self._memory_estimate = check_memory(count_meta_parameters(model),
+                                             self._resolved.strategy, scaling_config)
 
     def _check_capacity(self) -> None:
         from michelangelo.uniflow.plugins.ray._capacity import check_fits, current_shape

@@ -102,7 +102,7 @@ def test_raytask_worker_memory_is_the_budget_and_the_trainer_refuses(data, tmp_p
     # The same model sharded with fsdp over the 2 workers fits the same task (1.76 MB, 84% of 2 MiB),
     # though close enough to warn.
     with active_ray_task(task), pytest.warns(UserWarning, match="Memory preflight"):
-        LightningTrainer(
+        fits = LightningTrainer(
             trainer_param=LightningTrainerParam(
                 create_model_fn=create_tiny_model, create_model_fn_kwargs={"hidden_dim": hidden},
                 train_data=train, val_data=val,
@@ -110,6 +110,10 @@ def test_raytask_worker_memory_is_the_budget_and_the_trainer_refuses(data, tmp_p
             run_config=RunConfig(name="fits", storage_path=str(tmp_path)),
             scaling_config=ScalingConfig(num_workers=2),
         )
+    # The figures stay readable on the trainer (the GPT example prints them).
+    estimate = fits.memory_estimate
+    assert estimate.parameters == params and estimate.budget_bytes == 2 * 2**20
+    assert 0.8 < estimate.fraction < 1.0
 
 
 class _MetaItemModel(pl.LightningModule):
