@@ -34,11 +34,9 @@ def build() -> Path:
 
 
 def _free_port() -> int:
-    import socket
+    from michelangelo.uniflow.plugins.ray._ports import free_port
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return free_port()
 
 
 class ControlPlane:

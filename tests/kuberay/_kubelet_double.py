@@ -18,7 +18,6 @@ import contextlib
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,15 +30,14 @@ from kubernetes import client
 
 # A pod's processes are ended, and its start is seen, the way the local provisioner does it.
 from michelangelo.uniflow.plugins.ray._local import _head_started, _kill_sessions
+from michelangelo.uniflow.plugins.ray._ports import free_port
 
 _HEAD_GCS_PORT = 6379
 _DASHBOARD_PORT = 8265
 
 
 def _free_port(ip: str) -> int:
-    with socket.socket() as sock:
-        sock.bind((ip, 0))
-        return sock.getsockname()[1]
+    return free_port(host=ip)
 
 
 def _now() -> str:

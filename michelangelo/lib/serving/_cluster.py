@@ -51,7 +51,18 @@ def ensure_serve(host: str, port: int) -> None:
     if client is None:
         # One proxy, on the head: the nodes of a local cluster share one host, so a proxy per
         # node would fight over the port.
-        serve.start(http_options={"host": host, "port": port}, proxy_location="HeadOnly")
+        try:
+            serve.start(http_options={"host": host, "port": port}, proxy_location="HeadOnly")
+        except Exception as exc:
+            if "Failed to bind" not in str(exc):
+                raise
+            # A controller whose proxy never came up would pin this address for every later
+            # deployment; take it down so the next try can choose another port.
+            serve.shutdown()
+            raise DeploymentError(
+                f"Serve's HTTP proxy could not listen on {host}:{port}: something on the head "
+                f"node already holds that port. Fix: pass another port=, or stop whatever "
+                f"listens on {port}.") from None
         return
     config = client.http_config
     if (config.host, int(config.port)) != (host, int(port)):

@@ -43,11 +43,12 @@ def env(tmp_path_factory):
     standing = _standing.up(RayTask(head_cpu=3, head_memory="3Gi"))
     port = free_port()
     try:
+        busy_error = _deploy_on_a_held_port(registry, specs["rows1"])
         rows = serving.deploy(specs["rows1"], name="rows", registry=registry, port=port,
                               max_batch_size=MAX_BATCH, batch_wait_timeout_s=0.05,
                               max_request_bytes=64 * 1024)
         yield {"registry": registry, "specs": specs, "standing": standing, "rows": rows,
-               "port": port}
+               "port": port, "busy_error": busy_error}
     finally:
         import ray
 
@@ -58,6 +59,21 @@ def env(tmp_path_factory):
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _deploy_on_a_held_port(registry, spec):
+    """Deploy while another socket listens on the asked port; return the error raised."""
+    import socket
+
+    held = socket.socket()
+    held.bind(("127.0.0.1", free_port()))
+    held.listen()
+    try:
+        with pytest.raises(serving.DeploymentError) as caught:
+            serving.deploy(spec, name="held", registry=registry, port=held.getsockname()[1])
+        return caught.value, held.getsockname()[1]
+    finally:
+        held.close()
 
 
 def _request(method, url, body=None, raw=None, timeout=60):
@@ -78,6 +94,13 @@ def _request(method, url, body=None, raw=None, timeout=60):
 def _expected(registry, spec, x):
     weights = registry.load_state_dict(spec)
     return x @ weights["linear.weight"].numpy().T + weights["linear.bias"].numpy()
+
+
+def test_a_port_already_held_is_refused_clearly_and_serve_can_start_elsewhere(env):
+    error, held = env["busy_error"]
+    assert f"127.0.0.1:{held}" in str(error) and "another port=" in str(error)
+    # The fixture's deploy after that error started Serve on the free port.
+    assert serving.get_deployment("rows").base_url == f"http://127.0.0.1:{env['port']}"
 
 
 def test_simple_form_and_deployment_handle(env):
