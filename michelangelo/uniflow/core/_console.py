@@ -158,6 +158,7 @@ class PlainReporter(Reporter):
         if state is None:
             last = self._last_progress.pop(key, None)
             self._progress_printed.pop(key, None)
+            self._finished.pop(key, None)
             if last is not None and not last.get("done"):
                 # Removed before the workers said done: the training failed or was stopped.
                 self._print(f"{key}: {format_progress(dict(last, stopped=True))}")

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from michelangelo.uniflow.core._console import Reporter, default_reporter
+from michelangelo.uniflow.core._logs import verbose
 from michelangelo.uniflow.core._plugin import any_plugin_runs_elsewhere
 from michelangelo.uniflow.core._run import Run
 from michelangelo.uniflow.core._storage import Storage
@@ -145,9 +147,9 @@ def _short_failures_in_scripts() -> None:
         return
 
     def hook(kind: type[BaseException], exc: BaseException, tb: Any) -> None:
-        import os
-
-        if getattr(exc, "__uniflow_summarized__", False) and not os.environ.get("UF_DEBUG"):
+        debug = os.environ.get("UF_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
+        keep_traceback = debug or verbose()
+        if getattr(exc, "__uniflow_summarized__", False) and not keep_traceback:
             first = (str(exc).strip().splitlines() or [""])[0]
             sys.stderr.write(f"run failed: {kind.__name__}: {first}\n"
                              "(details above; UF_DEBUG=1 shows the Python traceback)\n")
