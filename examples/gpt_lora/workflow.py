@@ -195,9 +195,9 @@ class WarmupCosine:
 class CausalLM(pl.LightningModule):
     """Next-character prediction; LoRA and FSDP2 sharding are applied in configure_model().
 
-    ``configure_model`` runs after the trainer has inherited the baseline's weights into
-    ``self.lm`` (names ``lm.transformer...`` on both sides), so LoRA wraps a model that
-    already holds them. Under FSDP2 each transformer block is one shard unit.
+    The trainer inherits the baseline's weights into ``self.lm`` before ``configure_model``
+    runs (names ``lm.transformer...`` on both sides), so LoRA wraps a model that already
+    holds them. Under FSDP2 each transformer block is one shard unit.
     """
 
     def __init__(self, vocab: str, n_embd: int, n_layer: int, n_head: int, block_size: int,
@@ -262,18 +262,6 @@ class CausalLM(pl.LightningModule):
 def create_lm(**kwargs: Any) -> CausalLM:
     """Runs on every Ray Train worker."""
     return CausalLM(**kwargs)
-
-
-def inherit_base(model: CausalLM, baseline: dict[str, torch.Tensor]) -> None:
-    """``TransferLearningSpec.model_loader_function``: every baseline weight, strictly.
-
-    The trainer reads the baseline revision once (rank 0) and hands every worker its state
-    dict before ``configure_model()``, so the model is still a plain GPT-2 here and the names
-    are the same on both sides (``lm.transformer...``). A loader rather than
-    ``layer_names_to_inherit_regex``: the trainer matches those patterns on the driver against
-    the model *after* ``configure_model()``, where LoRA has already renamed the layers.
-    """
-    model.load_state_dict(baseline, strict=True)
 
 
 @torch.no_grad()
@@ -431,7 +419,9 @@ def finetune(base: dict, size: str, strategy: str) -> dict:
     transfer = TransferLearningSpec(
         metadata=TransferLearningMetadata(learning_mode=LearningMode.TRANSFER_LEARNING,
                                           baseline_model=base_spec),
-        model_loader_function=inherit_base,
+        # Matched against the model as create_lm returns it (plain GPT-2 names, like the base
+        # revision's), so the weights are in place before configure_model() adds LoRA.
+        layer_names_to_inherit_regex=[r"^lm\."],
     )
     trainer = make_trainer(size, strategy, model_kwargs, train_rows, val_rows,
                            cfg["finetune_epochs"], None, transfer)

@@ -18,7 +18,12 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._checkpoint_formats import
     align_state_dict_keys,
 )
 from michelangelo.lib.trainer.torch.pytorch_lightning._inherit import read_baseline
-from michelangelo.lib.trainer.torch.pytorch_lightning._weights import read_on_rank0
+from michelangelo.lib.trainer.torch.pytorch_lightning._model_stages import (
+    BEFORE,
+    MetaModels,
+    first_stage_that_fits,
+)
+from michelangelo.lib.trainer.torch.pytorch_lightning._weights import copy_into, read_on_rank0
 from michelangelo.lib.trainer.torch.pytorch_lightning.schema import (
     IncrementalTrainingSpec,
     ModelSpec,
@@ -26,7 +31,8 @@ from michelangelo.lib.trainer.torch.pytorch_lightning.schema import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["IncrementalPlan", "apply_incremental", "plan_incremental"]
+__all__ = ["IncrementalPlan", "incremental_callback", "load_revision", "plan_incremental",
+           "read_revision"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,8 @@ class IncrementalPlan:
     load_optimizer: bool
     start_epoch: int
     global_step: int
+    # When the weights are loaded on a worker (``_model_stages.BEFORE`` or ``AFTER``).
+    stage: str = BEFORE
 
 
 def _single_copy_optimizer(strategy: Any) -> bool:
@@ -51,7 +59,21 @@ def _single_copy_optimizer(strategy: Any) -> bool:
         strategy.instance, pl.strategies.DeepSpeedStrategy)
 
 
-def plan_incremental(spec: IncrementalTrainingSpec | None, model: Any, registry: Any,
+def _check_fit(model: Any, stored_shapes: dict[str, tuple[int, ...]], name: str) -> None:
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    stored, _ = align_state_dict_keys(stored_shapes, shapes.keys())
+    missing = [k for k in shapes if k not in stored]
+    wrong = [f"{k}: model {list(shapes[k])} vs revision {list(stored[k])}"
+             for k in shapes if k in stored and tuple(stored[k]) != shapes[k]]
+    if missing or wrong or not shapes:
+        raise ValueError(
+            f"IncrementalTrainingSpec: revision {name} does not fit the model "
+            f"(missing tensors {missing[:5]}, different shapes {wrong[:5]}); incremental "
+            "training continues the same model. Fix: use the create_model_fn (and kwargs) "
+            "the revision was trained with, or TransferLearningSpec to inherit some layers.")
+
+
+def plan_incremental(spec: IncrementalTrainingSpec | None, models: MetaModels, registry: Any,
                      resolved: Any) -> IncrementalPlan | None:
     """Check the incremental run against the registry and the model, on the driver.
 
@@ -83,18 +105,10 @@ def plan_incremental(spec: IncrementalTrainingSpec | None, model: Any, registry:
                 f"IncrementalTrainingSpec.load_optimizer_weights=True needs strategy 'ddp' "
                 f"(a whole optimizer per worker), got {resolved.strategy.name!r}. Fix: use "
                 "'ddp', or set load_optimizer_weights=False.")
-    if model is not None:
-        shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-        stored, _ = align_state_dict_keys(registry.weights_shapes(target), shapes.keys())
-        missing = [k for k in shapes if k not in stored]
-        wrong = [f"{k}: model {list(shapes[k])} vs revision {list(stored[k])}"
-                 for k in shapes if k in stored and tuple(stored[k]) != shapes[k]]
-        if missing or wrong:
-            raise ValueError(
-                f"IncrementalTrainingSpec: revision {revision.name} does not fit the model "
-                f"(missing tensors {missing[:5]}, different shapes {wrong[:5]}); incremental "
-                "training continues the same model. Fix: use the create_model_fn (and kwargs) "
-                "the revision was trained with, or TransferLearningSpec to inherit some layers.")
+    stored_shapes = registry.weights_shapes(target)
+    fits = first_stage_that_fits(models,
+                                 lambda model: _check_fit(model, stored_shapes, revision.name))
+    stage = fits[0] if fits is not None else BEFORE
     override = spec.override_incremental_training_epoch
     start = override if override is not None else int(kept.get("epoch", 0))
     max_epochs = resolved.trainer_kwargs.get("max_epochs")
@@ -109,7 +123,7 @@ def plan_incremental(spec: IncrementalTrainingSpec | None, model: Any, registry:
                 revision.name, start, int(kept.get("global_step", 0)),
                 " with its optimizer state" if spec.load_optimizer_weights else "")
     return IncrementalPlan(registry.url, target, spec.load_optimizer_weights, start,
-                           int(kept.get("global_step", 0)))
+                           int(kept.get("global_step", 0)), stage)
 
 
 def _loop_position_callback(plan: IncrementalPlan, optimizer_states: list[Any] | None) -> Any:
@@ -144,22 +158,35 @@ def _loop_position_callback(plan: IncrementalPlan, optimizer_states: list[Any] |
     return IncrementalStart()
 
 
-def apply_incremental(model: Any, plan: IncrementalPlan | None, rank: int,
-                      world_size: int) -> Any:
-    """Load the revision into ``model``; return the callback that restores the rest.
+def read_revision(plan: IncrementalPlan, rank: int, world_size: int) -> dict[str, Any]:
+    """The revision's weights, read on rank 0 and broadcast."""
+    return read_baseline(plan.registry_url, plan.baseline, rank, world_size,
+                         "IncrementalTrainingSpec")
+
+
+def load_revision(model: Any, weights: dict[str, Any]) -> None:
+    """Copy every tensor of the model from the revision (plain tensors or FSDP2 shards)."""
+    import torch
+
+    own = model.state_dict()
+    aligned, _ = align_state_dict_keys(weights, own.keys())
+    missing = [k for k in own if k not in aligned]
+    if missing or not own:
+        raise ValueError(f"IncrementalTrainingSpec: the revision lacks the model's tensors "
+                         f"{missing[:5] or '(the model has none yet)'}.")
+    with torch.no_grad():
+        for key, tensor in own.items():
+            copy_into(tensor, aligned[key])
+
+
+def incremental_callback(plan: IncrementalPlan | None, rank: int, world_size: int) -> Any:
+    """The callback that sets the loop position (and optimizer state) at the start of fit.
 
     Returns:
         A Lightning callback to add to the trainer, or None without a plan.
     """
     if plan is None:
         return None
-    weights = read_baseline(plan.registry_url, plan.baseline, rank, world_size,
-                            "IncrementalTrainingSpec")
-    aligned, _ = align_state_dict_keys(weights, model.state_dict().keys())
-    outcome = model.load_state_dict(aligned, strict=False)
-    if outcome.missing_keys:
-        raise ValueError(f"IncrementalTrainingSpec: the revision lacks the model's tensors "
-                         f"{list(outcome.missing_keys)[:5]}.")
     states = None
     if plan.load_optimizer:
         from michelangelo.lib.model_registry import ModelRegistry

@@ -2,8 +2,10 @@
 
 The names are matched on the driver against the baseline's stored names and shapes (read
 from the safetensors header, not the weights) and the model built on the meta device, so a
-pattern that matches nothing or a shape that differs fails before any worker starts. On the
-workers rank 0 reads the baseline once and broadcasts it; every rank copies the same tensors.
+pattern that matches nothing or a shape that differs fails before any worker starts. The
+model's names are those it has when the factory returns it, or, when they do not fit, those
+after ``configure_model()`` (layers created there); see ``_model_stages``. On the workers rank
+0 reads the baseline once and broadcasts it; every rank copies the same tensors.
 """
 
 from __future__ import annotations
@@ -17,7 +19,12 @@ from typing import Any
 from michelangelo.lib.trainer.torch.pytorch_lightning._checkpoint_formats import (
     align_state_dict_keys,
 )
-from michelangelo.lib.trainer.torch.pytorch_lightning._weights import read_on_rank0
+from michelangelo.lib.trainer.torch.pytorch_lightning._model_stages import (
+    BEFORE,
+    MetaModels,
+    first_stage_that_fits,
+)
+from michelangelo.lib.trainer.torch.pytorch_lightning._weights import copy_into, read_on_rank0
 from michelangelo.lib.trainer.torch.pytorch_lightning.schema import (
     ModelSpec,
     TransferLearningSpec,
@@ -42,6 +49,7 @@ class InheritPlan:
             be built on the meta device, in which case workers match the names themselves.
         loader: ``model_loader_function(model, baseline_state_dict)``, replacing the copy.
         spec: The user's spec (patterns, for matching on the workers).
+        stage: When the copy happens on a worker (``_model_stages.BEFORE`` or ``AFTER``).
     """
 
     registry_url: str
@@ -49,6 +57,7 @@ class InheritPlan:
     mapping: tuple[tuple[str, str], ...] | None
     loader: Callable[[Any, dict[str, Any]], Any] | None
     spec: TransferLearningSpec
+    stage: str = BEFORE
 
 
 def _matches(name: str, layer: str) -> bool:
@@ -117,13 +126,17 @@ def inherit_mapping(model_shapes: Shapes, baseline_shapes: Shapes, spec: Transfe
     return pairs
 
 
-def plan_inherit(spec: TransferLearningSpec | None, model: Any, registry: Any
+def _shapes(model: Any) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def plan_inherit(spec: TransferLearningSpec | None, models: MetaModels, registry: Any
                  ) -> InheritPlan | None:
     """Resolve the baseline and the names to copy, on the driver.
 
     Args:
         spec: The run's transfer learning spec.
-        model: The model built on the meta device, or None if it could not be.
+        models: The model built on the meta device (before and after ``configure_model``).
         registry: The ``ModelRegistry`` to resolve the baseline in.
 
     Raises:
@@ -145,15 +158,18 @@ def plan_inherit(spec: TransferLearningSpec | None, model: Any, registry: Any
         return None
     resolved = registry.resolve(baseline)
     name = f"baseline {resolved.project_name}/{resolved.model_name}:{resolved.revision_id}"
-    mapping = None
-    if spec.model_loader_function is None and model is not None:
-        model_shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-        mapping = tuple(inherit_mapping(model_shapes, registry.weights_shapes(resolved), spec,
-                                        name))
-    logger.info("TransferLearningSpec: inheriting from %s (%s)", name,
+    mapping, stage = None, BEFORE
+    if spec.model_loader_function is None:
+        stored = registry.weights_shapes(resolved)
+        fits = first_stage_that_fits(
+            models, lambda model: tuple(inherit_mapping(_shapes(model), stored, spec, name)))
+        if fits is not None:
+            stage, mapping = fits
+    logger.info("TransferLearningSpec: inheriting from %s (%s, %s)", name,
                 "model_loader_function" if spec.model_loader_function else
-                f"{len(mapping)} tensors" if mapping is not None else "names matched on workers")
-    return InheritPlan(registry.url, resolved, mapping, spec.model_loader_function, spec)
+                f"{len(mapping)} tensors" if mapping is not None else "names matched on workers",
+                stage.replace("_", " "))
+    return InheritPlan(registry.url, resolved, mapping, spec.model_loader_function, spec, stage)
 
 
 def read_baseline(registry_url: str, baseline: ModelSpec, rank: int, world_size: int,
@@ -169,25 +185,36 @@ def read_baseline(registry_url: str, baseline: ModelSpec, rank: int, world_size:
     return value
 
 
-def apply_inherit(model: Any, plan: InheritPlan | None, rank: int, world_size: int) -> None:
-    """Copy the planned baseline tensors into ``model`` (every rank, in place)."""
+def worker_mapping(model: Any, plan: InheritPlan, weights: Mapping[str, Any]
+                   ) -> tuple[tuple[str, str], ...]:
+    """The pairs to copy into ``model`` now: the driver's, or matched here when it had none."""
+    if plan.mapping is not None:
+        return plan.mapping
+    return tuple(inherit_mapping(_shapes(model), {k: tuple(v.shape) for k, v in weights.items()},
+                                 plan.spec))
+
+
+def apply_inherit(model: Any, plan: InheritPlan | None, rank: int, world_size: int,
+                  weights: Mapping[str, Any] | None = None) -> None:
+    """Copy the planned baseline tensors into ``model`` (every rank, in place).
+
+    ``weights`` is the baseline's state dict when the caller already read it.
+    """
     if plan is None:
         return
     import torch
 
-    weights = read_baseline(plan.registry_url, plan.baseline, rank, world_size,
-                            "TransferLearningSpec")
+    if weights is None:
+        weights = read_baseline(plan.registry_url, plan.baseline, rank, world_size,
+                                "TransferLearningSpec")
     if plan.loader is not None:
         plan.loader(model, weights)
         return
     own = model.state_dict()
-    mapping = plan.mapping
-    if mapping is None:
-        mapping = inherit_mapping({k: tuple(v.shape) for k, v in own.items()},
-                                  {k: tuple(v.shape) for k, v in weights.items()}, plan.spec)
+    mapping = worker_mapping(model, plan, weights)
     with torch.no_grad():
         for model_name, baseline_name in mapping:
-            own[model_name].copy_(weights[baseline_name])
+            copy_into(own[model_name], weights[baseline_name])
     if rank == 0:
         logger.info("Inherited %d tensors from %s/%s:%s", len(mapping),
                     plan.baseline.project_name, plan.baseline.model_name,

@@ -16,19 +16,28 @@ from dataclasses import dataclass
 from typing import Any
 
 from michelangelo.lib.trainer.torch.pytorch_lightning._data import SizedBatches, rows_per_worker
-from michelangelo.lib.trainer.torch.pytorch_lightning._freeze import freeze_layers
+from michelangelo.lib.trainer.torch.pytorch_lightning._freeze import freeze_layers, frozen_names
 from michelangelo.lib.trainer.torch.pytorch_lightning._inmemory_data import (
     InMemoryBatches,
     drain_shard,
 )
 from michelangelo.lib.trainer.torch.pytorch_lightning._lightning_kwargs import ResolvedKwargs
+from michelangelo.lib.trainer.torch.pytorch_lightning._model_stages import (
+    AFTER,
+    BEFORE,
+    has_configure_model,
+    run_after_configure,
+)
 from michelangelo.lib.trainer.torch.pytorch_lightning._reporting import (
     CHECKPOINT_NAME,
     EpochEndReport,
     Reporter,
     report_on_model_checkpoint,
 )
-from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start import apply_warm_start
+from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start import (
+    apply_warm_start,
+    at_stage,
+)
 from michelangelo.lib.trainer.torch.pytorch_lightning._weights import load_initial_weights
 from michelangelo.lib.trainer.torch.pytorch_lightning.schema import TransferLearningSpec
 
@@ -51,6 +60,8 @@ class WorkerSpec:
     val_rows: int | None
     initial_weights_path: str | None
     transfer_learning_spec: TransferLearningSpec | None
+    # When freezing applies (``_model_stages``); None: this worker decides from its names.
+    freeze_stage: str | None
     observer: Any
     experiment_store: Any
     storage_path: str | None
@@ -117,11 +128,33 @@ def _build_model(spec: WorkerSpec, rank: int, world_size: int) -> tuple[Any, lis
         )
     if spec.initial_weights_path:
         load_initial_weights(model, spec.initial_weights_path, rank, world_size)
-    start_callbacks = apply_warm_start(model, spec.warm_start, rank, world_size)
+    later: list[Callable[[], None]] = []  # steps that need the layers configure_model() builds
+    start_callbacks = apply_warm_start(model, spec.warm_start, rank, world_size, later)
+    at_stage(_freeze_stage(model, spec), lambda: _freeze(model, spec, rank), later)
+    if later:
+        start_callbacks.append(
+            run_after_configure(model, lambda: [step() for step in later]))
+    return model, start_callbacks
+
+
+def _freeze_stage(model: Any, spec: WorkerSpec) -> str:
+    if spec.freeze_stage is not None or spec.transfer_learning_spec is None:
+        return spec.freeze_stage or BEFORE
+    if not spec.transfer_learning_spec.freezes:
+        return BEFORE
+    try:  # the driver could not build the model: decide from this worker's names
+        frozen_names([n for n, _ in model.named_parameters()], spec.transfer_learning_spec)
+        return BEFORE
+    except ValueError:
+        if not has_configure_model(model):
+            raise
+        return AFTER
+
+
+def _freeze(model: Any, spec: WorkerSpec, rank: int) -> None:
     frozen = freeze_layers(model, spec.transfer_learning_spec)
     if frozen and rank == 0:
         logger.info("Froze %d parameters: %s", len(frozen), frozen)
-    return model, start_callbacks
 
 
 def _iterables(spec: WorkerSpec, world_size: int) -> tuple[Any, Any]:

@@ -53,8 +53,12 @@ class MemoryEstimate:
         return self.per_worker_bytes / self.budget_bytes
 
 
-def build_meta_model(create_model_fn: Any, kwargs: dict[str, Any]) -> Any | None:
+def build_meta_model(create_model_fn: Any, kwargs: dict[str, Any], configure: bool = True
+                     ) -> Any | None:
     """``create_model_fn(**kwargs)`` on the meta device, or None when it cannot be built so.
+
+    With ``configure`` the model's ``configure_model()`` runs too (the whole model as it trains;
+    layers created or wrapped there included); without it, the model as the factory returns it.
 
     Failures that come from building on the meta device or on the driver (see
     :func:`cannot_build_here`) skip the preflight with a DEBUG log; any other exception is the
@@ -70,9 +74,9 @@ def build_meta_model(create_model_fn: Any, kwargs: dict[str, Any]) -> Any | None
     try:
         with torch.device("meta"):
             model = create_model_fn(**kwargs)
-            configure = getattr(model, "configure_model", None)
-            if callable(configure):
-                configure()
+            hook = getattr(model, "configure_model", None)
+            if configure and callable(hook):
+                hook()
     except Exception as error:  # noqa: BLE001 - sorted below: skip or surface
         if not cannot_build_here(error):
             name = getattr(create_model_fn, "__qualname__", repr(create_model_fn))

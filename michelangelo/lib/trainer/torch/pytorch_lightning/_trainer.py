@@ -22,9 +22,12 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._loop import (
     WorkerSpec,
     train_loop_per_worker,
 )
+from michelangelo.lib.trainer.torch.pytorch_lightning._model_stages import (
+    MetaModels,
+    first_stage_that_fits,
+)
 from michelangelo.lib.trainer.torch.pytorch_lightning._param import LightningTrainerParam
 from michelangelo.lib.trainer.torch.pytorch_lightning._preflight import (
-    build_meta_model,
     check_memory,
     count_meta_parameters,
 )
@@ -81,8 +84,9 @@ class LightningTrainer(TorchTrainer):
         check_all(trainer_param, self._resolved, scaling_config)
         if trainer_param.initial_weights_path:
             check_weights_path(trainer_param.initial_weights_path)
-        self._preflight_model(scaling_config)
-        self._warm_start = plan_warm_start(trainer_param, self._resolved)
+        models = MetaModels(trainer_param.create_model_fn, trainer_param.create_model_fn_kwargs)
+        self._preflight_model(models, scaling_config)
+        self._warm_start = plan_warm_start(trainer_param, self._resolved, models)
         self._resume_plan = plan_resume(run_config, trainer_param.experiment_store)
         self._ingest = plan_ingest(trainer_param.train_data, trainer_param.val_data,
                                    scaling_config)
@@ -183,15 +187,17 @@ class LightningTrainer(TorchTrainer):
         """
         return self._memory_estimate
 
-    def _preflight_model(self, scaling_config: ScalingConfig) -> None:
+    def _preflight_model(self, models: MetaModels, scaling_config: ScalingConfig) -> None:
         self._memory_estimate = None
-        param = self.trainer_param
-        model = build_meta_model(param.create_model_fn, param.create_model_fn_kwargs)
+        self._freeze_stage = None
+        spec = self.trainer_param.transfer_learning_spec
+        if spec is not None and spec.freezes:
+            fits = first_stage_that_fits(
+                models, lambda m: frozen_names([n for n, _ in m.named_parameters()], spec))
+            self._freeze_stage = fits[0] if fits is not None else None
+        model = models.configured  # the whole model, as it trains
         if model is None:
             return
-        spec = param.transfer_learning_spec
-        if spec is not None and spec.freezes:
-            frozen_names([n for n, _ in model.named_parameters()], spec)
         self._memory_estimate = check_memory(count_meta_parameters(model),
                                              self._resolved.strategy, scaling_config)
 
@@ -224,6 +230,7 @@ class LightningTrainer(TorchTrainer):
             val_rows=val_rows,
             initial_weights_path=param.initial_weights_path,
             transfer_learning_spec=param.transfer_learning_spec,
+            freeze_stage=self._freeze_stage,
             observer=param.training_observer,
             experiment_store=param.experiment_store,
             storage_path=self.run_config.storage_path,

@@ -16,7 +16,8 @@ import fsspec
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_weights_path", "load_initial_weights", "read_on_rank0", "read_state_dict"]
+__all__ = ["check_weights_path", "copy_into", "load_initial_weights", "read_on_rank0",
+           "read_state_dict"]
 
 
 def _is_local(path: str) -> bool:
@@ -68,6 +69,23 @@ def read_state_dict(path: str) -> dict[str, Any]:
             f"{type(loaded).__name__}, not a state dict. Fix: save model.state_dict()."
         )
     return loaded
+
+
+def copy_into(target: Any, source: Any) -> None:
+    """Copy the full tensor ``source`` into ``target`` in place (a parameter or buffer).
+
+    ``target`` may be an FSDP2 ``DTensor``: every rank holds the same full ``source``, so each
+    cuts out its own shard locally (no communication).
+    """
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    source = source.detach()
+    if isinstance(target, DTensor):
+        shard = distribute_tensor(source.to(device=target.device, dtype=target.dtype),
+                                  target.device_mesh, target.placements, src_data_rank=None)
+        target.to_local().copy_(shard.to_local())
+        return
+    target.copy_(source.to(device=target.device, dtype=target.dtype))
 
 
 def read_on_rank0(read: Callable[[], Any], rank: int, world_size: int) -> tuple[str, Any]:

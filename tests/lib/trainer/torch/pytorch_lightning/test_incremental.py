@@ -33,7 +33,9 @@ from michelangelo.lib.trainer.torch.pytorch_lightning import (
 from michelangelo.lib.trainer.torch.pytorch_lightning._checkpoint_formats import CHECKPOINT_NAME
 from michelangelo.lib.trainer.torch.pytorch_lightning._incremental import (
     IncrementalPlan,
-    apply_incremental,
+    incremental_callback,
+    load_revision,
+    read_revision,
 )
 
 ship_by_value(__name__)
@@ -100,6 +102,12 @@ def _fit(model, max_epochs, callbacks):
                          enable_model_summary=False, callbacks=callbacks)
     trainer.fit(model, _loader())
     return trainer
+
+
+def apply_incremental(model, plan, rank, world_size):
+    """What a worker does: load the revision, then restore the loop with the callback."""
+    load_revision(model, read_revision(plan, rank, world_size))
+    return incremental_callback(plan, rank, world_size)
 
 
 def test_loop_position_and_optimizer_state_are_restored(tmp_path):

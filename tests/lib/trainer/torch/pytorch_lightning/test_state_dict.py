@@ -25,10 +25,15 @@ from _models import (
 )
 from ray.train import RunConfig, ScalingConfig
 
+from michelangelo.lib.model_registry import ModelRegistry
 from michelangelo.lib.trainer.torch.pytorch_lightning import (
     LightningTrainerParam,
     LightningTrainerWithStateDict,
+    ModelSpec,
+    TransferLearningMetadata,
+    TransferLearningSpec,
 )
+from michelangelo.lib.trainer.torch.pytorch_lightning._model_stages import AFTER
 
 ship_by_value(__name__)
 
@@ -50,7 +55,8 @@ def ray_local():
 
 
 def _trainer(tmp_path: Path, name: str, create_model_fn, strategy, use_gpu: bool = False,
-             num_workers: int = 2, **extra_kwargs) -> LightningTrainerWithStateDict:
+             num_workers: int = 2, transfer=None, **extra_kwargs
+             ) -> LightningTrainerWithStateDict:
     train, val = make_regression_datasets(n_rows=128)
     kwargs = {"max_epochs": 1, **extra_kwargs}
     if strategy is not None:
@@ -63,6 +69,7 @@ def _trainer(tmp_path: Path, name: str, create_model_fn, strategy, use_gpu: bool
             val_data=val,
             batch_size=8,
             lightning_trainer_kwargs=kwargs,
+            transfer_learning_spec=transfer,
         ),
         run_config=RunConfig(name=name, storage_path=str(tmp_path / "storage")),
         scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu),
@@ -125,10 +132,21 @@ def test_ddp_checkpoint_loads_into_lightning_module_and_inner_module(ray_local, 
     torch.testing.assert_close(partial[0].weight, expected["net.0.weight"])
 
 
-def test_fsdp2_distributed_checkpoint_loads_full_weights(ray_local, tmp_path):
+def test_fsdp2_distributed_checkpoint_loads_full_weights(ray_local, tmp_path, monkeypatch):
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
-    trainer = _trainer(tmp_path, "sd-fsdp2", create_tiny_fsdp2_model, "fsdp2")
+    # The FSDP2 model builds its layers in configure_model(), so inheriting and freezing
+    # happen after it, into each rank's DTensor shards; the checkpoint shows they did.
+    monkeypatch.setenv("MA_MODEL_REGISTRY_URL", str(tmp_path / "registry"))
+    torch.manual_seed(11)
+    baseline = TinyRegressor(hidden_dim=8).state_dict()
+    ModelRegistry().register("p", "base", state_dict=baseline)
+    transfer = TransferLearningSpec(
+        metadata=TransferLearningMetadata(baseline_model=ModelSpec("p", "base", 1)),
+        layer_names_to_inherit=["net.0"], layer_names_to_freeze=["net.0"])
+    trainer = _trainer(tmp_path, "sd-fsdp2", create_tiny_fsdp2_model, "fsdp2",
+                       transfer=transfer)
+    assert trainer._warm_start.inherit.stage == AFTER
     result = trainer.train()
     # FSDP2 on CPU workers (no prepare_trainer) writes a distributed (DCP) checkpoint: a
     # folder with one shard per rank.
@@ -138,6 +156,10 @@ def test_fsdp2_distributed_checkpoint_loads_full_weights(ray_local, tmp_path):
     dcp_to_torch_save(dcp_dir, tmp_path / "converted.pt")
     expected = torch.load(tmp_path / "converted.pt", weights_only=False)["state_dict"]
     _fresh_differs(expected)
+    for key in ("net.0.weight", "net.0.bias"):  # inherited, frozen: still the baseline's
+        assert torch.equal(expected[key], baseline[key]), key
+    for key in ("net.2.weight", "net.2.bias"):  # trained from the model's own init
+        assert not torch.equal(expected[key], baseline[key]), key
 
     model = TinyRegressor(hidden_dim=8)
     trainer.update_model_state_dict(model)
