@@ -36,10 +36,12 @@ _STRATEGY_FOR = {
 class TrainingState:
     """Optimizer states and the loop position of a full checkpoint."""
 
-    def __init__(self, optimizer_states: list[dict[str, Any]], epoch: int, global_step: int):
+    def __init__(self, optimizer_states: list[dict[str, Any]], epoch: int, global_step: int,
+                 lr_scheduler_states: list[dict[str, Any]] | None = None):
         self.optimizer_states = optimizer_states
         self.epoch = epoch
         self.global_step = global_step
+        self.lr_scheduler_states = list(lr_scheduler_states or [])
 
 
 def _completed_epochs(checkpoint: dict[str, Any]) -> int:
@@ -67,7 +69,8 @@ def _training_state(entry: str) -> TrainingState:
         raise ValueError(f"keep_optimizer_state=True: checkpoint {entry!r} has no optimizer "
                          "state. Fix: register from a checkpoint written during training.")
     return TrainingState(list(states), _completed_epochs(checkpoint),
-                         int(checkpoint.get("global_step", 0)))
+                         int(checkpoint.get("global_step", 0)),
+                         list(checkpoint.get("lr_schedulers") or []))
 
 
 def read_checkpoint(source: Any, keep_optimizer_state: bool

@@ -1,4 +1,4 @@
-"""Optimizer states as safetensors + a JSON skeleton, so they are stored without pickles.
+"""Optimizer (and LR scheduler) states as safetensors + a JSON skeleton, without pickles.
 
 A torch optimizer state dict is nested dicts and lists of numbers, strings and tensors.
 Tensors go to a safetensors file under path-like names; the skeleton keeps everything else
@@ -43,10 +43,13 @@ def _split(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
                      "only tensors and numbers.")
 
 
-def split_states(states: list[Mapping[str, Any]]) -> tuple[dict[str, torch.Tensor], list[Any]]:
-    """Split a list of optimizer state dicts into ``(tensors, skeleton)``."""
-    tensors: dict[str, torch.Tensor] = {}
-    skeleton = [_split(state, f"opt{i}", tensors) for i, state in enumerate(states)]
+def split_states(states: list[Mapping[str, Any]], prefix: str = "opt",
+                 tensors: dict[str, torch.Tensor] | None = None
+                 ) -> tuple[dict[str, torch.Tensor], list[Any]]:
+    """Split a list of state dicts into ``(tensors, skeleton)``; tensor names start with
+    ``prefix`` and are added to ``tensors`` when given (several lists, one file)."""
+    tensors = {} if tensors is None else tensors
+    skeleton = [_split(state, f"{prefix}{i}", tensors) for i, state in enumerate(states)]
     return tensors, skeleton
 
 

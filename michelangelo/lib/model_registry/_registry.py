@@ -62,14 +62,35 @@ def registry_url(root: str | None = None) -> str:
     return url.rstrip("/")
 
 
+def _scheduler_skeleton(states: builtins.list[dict[str, Any]],
+                        tensors: dict[str, torch.Tensor]) -> builtins.list[Any] | None:
+    """The LR schedulers' states for the optimizer file, or None when one cannot be stored.
+
+    A scheduler whose state holds a Python object (a callable, say) cannot be kept without a
+    pickle; the optimizer state still is, and a continued run starts that schedule afresh.
+    """
+    try:
+        extra: dict[str, torch.Tensor] = {}
+        _, skeleton = split_states(states, "sched", extra)
+    except ValueError as error:
+        logger.warning("keep_optimizer_state: LR scheduler state is not kept (%s); an "
+                       "incremental run restarts the schedule.", str(error).split(". Fix")[0])
+        return None
+    tensors.update(extra)
+    return skeleton
+
+
 class TrainingStateRecord:
     """Optimizer states and loop position stored with a revision (``keep_optimizer_state``)."""
 
     def __init__(self, optimizer_states: builtins.list[dict[str, Any]], epoch: int,
-                 global_step: int) -> None:
+                 global_step: int,
+                 lr_scheduler_states: builtins.list[dict[str, Any]] | None = None) -> None:
         self.optimizer_states = optimizer_states
         self.epoch = epoch
         self.global_step = global_step
+        # None: the revision kept no scheduler state (older revisions, or one not storable).
+        self.lr_scheduler_states = lr_scheduler_states
 
 
 class ModelRegistry:
@@ -266,14 +287,16 @@ class ModelRegistry:
             metadata["weights_bytes"] = size
             if training is not None:
                 tensors, skeleton = split_states(training.optimizer_states)
+                schedulers = _scheduler_skeleton(training.lr_scheduler_states, tensors)
                 blob = st.encode(tensors, "optimizer state")
                 store.write(posixpath.join(staging, OPTIMIZER_FILE), blob)
-                store.write(posixpath.join(staging, OPTIMIZER_JSON),
-                            json.dumps(skeleton).encode())
+                store.write(posixpath.join(staging, OPTIMIZER_JSON), json.dumps(
+                    {"optimizers": skeleton, "lr_schedulers": schedulers}).encode())
                 metadata["optimizer_state"] = {
                     "sha256": st.sha256_of(blob), "bytes": len(blob),
                     "num_optimizers": len(skeleton), "epoch": training.epoch,
-                    "global_step": training.global_step}
+                    "global_step": training.global_step,
+                    "num_lr_schedulers": None if schedulers is None else len(schedulers)}
             revision = store.claim_revision(project, model)
             record = Revision(project_name=project, model_name=model, revision_id=revision,
                               **metadata).to_dict()
@@ -427,8 +450,14 @@ class ModelRegistry:
         blob = self._read_small(revision, OPTIMIZER_FILE)
         _verify(revision, st.sha256_of(blob), info["sha256"], OPTIMIZER_FILE)
         skeleton = json.loads(self._read_small(revision, OPTIMIZER_JSON))
-        return TrainingStateRecord(join_states(st.decode(bytearray(blob)), skeleton),
-                                   int(info["epoch"]), int(info["global_step"]))
+        if isinstance(skeleton, list):  # written before scheduler states were kept
+            skeleton = {"optimizers": skeleton, "lr_schedulers": None}
+        tensors = st.decode(bytearray(blob))
+        schedulers = skeleton.get("lr_schedulers")
+        return TrainingStateRecord(
+            join_states(tensors, skeleton["optimizers"]), int(info["epoch"]),
+            int(info["global_step"]),
+            None if schedulers is None else join_states(tensors, schedulers))
 
     def weights_shapes(self, spec: str | ModelSpec) -> dict[str, tuple[int, ...]]:
         """Names and shapes of the revision's weights, read from the file's header only."""

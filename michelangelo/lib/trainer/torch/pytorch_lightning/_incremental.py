@@ -1,7 +1,9 @@
 """``IncrementalTrainingSpec``: continue training a registered revision.
 
 The revision's weights are loaded into the fresh model on every worker (read once on rank 0),
-and, with ``load_optimizer_weights=True``, its optimizer state too. The loop's position is
+and, with ``load_optimizer_weights=True``, its optimizer and LR scheduler states too (a
+scheduler whose state could not be stored without a pickle starts afresh, with a warning).
+The loop's position is
 set at the start of training: the epoch counter starts at the revision's completed epochs
 (or ``override_incremental_training_epoch``) and the global step at the revision's, so
 ``max_epochs`` keeps meaning the total epoch count, as it does on a resume. When Ray resumes
@@ -126,11 +128,28 @@ def plan_incremental(spec: IncrementalTrainingSpec | None, models: MetaModels, r
                            int(kept.get("global_step", 0)), stage)
 
 
-def _loop_position_callback(plan: IncrementalPlan, optimizer_states: list[Any] | None) -> Any:
+def _restore_schedulers(trainer: Any, states: list[Any] | None) -> None:
+    configs = trainer.lr_scheduler_configs
+    if states is None:
+        if configs:
+            logger.warning("IncrementalTrainingSpec: the revision kept no LR scheduler state; "
+                           "the schedule starts afresh.")
+        return
+    if len(states) != len(configs):
+        raise ValueError(
+            f"IncrementalTrainingSpec: revision has {len(states)} LR scheduler state(s), "
+            f"configure_optimizers() made {len(configs)}. Fix: keep configure_optimizers "
+            "unchanged or set load_optimizer_weights=False.")
+    for config, state in zip(configs, states, strict=True):
+        config.scheduler.load_state_dict(state)
+
+
+def _loop_position_callback(plan: IncrementalPlan, optimizer_states: list[Any] | None,
+                            scheduler_states: list[Any] | None = None) -> Any:
     import pytorch_lightning as pl
 
     class IncrementalStart(pl.Callback):
-        """Sets the loop position and optimizer state once the optimizers exist."""
+        """Sets the loop position, optimizer and scheduler state once the optimizers exist."""
 
         def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
             if trainer.ckpt_path is not None:
@@ -144,6 +163,7 @@ def _loop_position_callback(plan: IncrementalPlan, optimizer_states: list[Any] |
                         "or set load_optimizer_weights=False.")
                 for optimizer, state in zip(trainer.optimizers, optimizer_states, strict=True):
                     optimizer.load_state_dict(state)
+                _restore_schedulers(trainer, scheduler_states)
             progress = trainer.fit_loop.epoch_progress
             for counter in (progress.current, progress.total):
                 counter.ready = counter.started = counter.processed = plan.start_epoch
@@ -191,11 +211,14 @@ def incremental_callback(plan: IncrementalPlan | None, rank: int, world_size: in
     if plan.load_optimizer:
         from michelangelo.lib.model_registry import ModelRegistry
 
-        status, value = read_on_rank0(
-            lambda: ModelRegistry(plan.registry_url).load_training_state(
-                plan.baseline).optimizer_states, rank, world_size)
+        def read() -> tuple[Any, Any]:
+            kept = ModelRegistry(plan.registry_url).load_training_state(plan.baseline)
+            return kept.optimizer_states, kept.lr_scheduler_states
+
+        status, value = read_on_rank0(read, rank, world_size)
         if status == "error":
             raise ValueError(f"IncrementalTrainingSpec: optimizer state of the revision could "
                              f"not be read on rank 0: {value}")
-        states = value
+        states, schedulers = value
+        return _loop_position_callback(plan, states, schedulers)
     return _loop_position_callback(plan, states)

@@ -12,6 +12,7 @@ import pytorch_lightning as pl
 import ray
 import torch
 from _models import (
+    TinyRegressor,
     create_tiny_model,
     make_regression_datasets,
     regression_rows,
@@ -102,6 +103,39 @@ def _fit(model, max_epochs, callbacks):
                          enable_model_summary=False, callbacks=callbacks)
     trainer.fit(model, _loader())
     return trainer
+
+
+class _Scheduled(TinyRegressor):
+    """Halves the learning rate every 3 optimizer steps."""
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+        schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+        return {"optimizer": optimizer,
+                "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+class _SeenSchedule(pl.Callback):
+    def on_train_start(self, trainer, pl_module):
+        scheduler = trainer.lr_scheduler_configs[0].scheduler
+        self.last_epoch = scheduler.last_epoch
+        self.lr = trainer.optimizers[0].param_groups[0]["lr"]
+
+
+def test_lr_scheduler_state_continues_with_the_optimizer(tmp_path):
+    torch.manual_seed(0)
+    trainer = _fit(_Scheduled(), 2, [])  # 4 steps per epoch: the schedule is at step 8
+    trainer.save_checkpoint(tmp_path / CHECKPOINT_NAME)
+    registry = ModelRegistry(str(tmp_path / "r"))
+    spec = registry.register("p", "m", checkpoint_path=str(tmp_path / CHECKPOINT_NAME),
+                             keep_optimizer_state=True)
+    assert registry.get(spec).optimizer_state["num_lr_schedulers"] == 1
+
+    plan = IncrementalPlan(registry.url, spec, True, start_epoch=2, global_step=8)
+    model, seen = _Scheduled(), _SeenSchedule()
+    _fit(model, 3, [apply_incremental(model, plan, 0, 1), seen])
+    assert seen.last_epoch == 8
+    assert seen.lr == pytest.approx(0.1 * 0.5 ** (8 // 3))
 
 
 def apply_incremental(model, plan, rank, world_size):
