@@ -115,6 +115,7 @@ def main() -> None:
                 create_model_fn=create_bench_model,
                 create_model_fn_kwargs={"features": args.features},
                 train_data=data,
+                val_data=None,
                 batch_size=args.batch_size,
                 lightning_trainer_kwargs={"max_epochs": args.epochs, "log_every_n_steps": 10,
                                           "enable_progress_bar": False, "logger": False,

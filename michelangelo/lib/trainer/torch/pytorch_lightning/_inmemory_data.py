@@ -29,9 +29,11 @@ __all__ = [
     "ENV_SWITCH",
     "InMemoryBatches",
     "IngestPlan",
+    "drain_blocks",
     "drain_shard",
     "plan_ingest",
     "shuffle_seed",
+    "split_for_workers",
 ]
 
 ENV_SWITCH = "MA_TRAINER_INMEMORY"
@@ -229,16 +231,45 @@ def shuffle_seed(experiment_dir: str | None) -> int:
     return random.SystemRandom().randrange(2**63)
 
 
-def drain_shard(shard: Any) -> Any:
-    """Read a worker's whole shard (a ``ray.data.DataIterator``) once, as one Arrow table."""
+def _one_table(tables: list[Any]) -> Any:
     import pyarrow as pa
 
-    tables = [t for t in shard.iter_batches(batch_size=None, batch_format="pyarrow",
-                                            prefetch_batches=1) if t.num_rows]
+    tables = [t for t in tables if t.num_rows]
     if not tables:
         return pa.table({})
-    table = pa.concat_tables(tables, promote_options="default")
-    return table.combine_chunks()
+    return pa.concat_tables(tables, promote_options="default").combine_chunks()
+
+
+def drain_shard(shard: Any) -> Any:
+    """Read a worker's whole shard (a ``ray.data.DataIterator``) once, as one Arrow table."""
+    return _one_table(list(shard.iter_batches(batch_size=None, batch_format="pyarrow",
+                                              prefetch_batches=1)))
+
+
+def split_for_workers(datasets: dict[str, Any], workers: int) -> dict[str, list[list[Any]]]:
+    """Split each dataset on the driver into ``workers`` equal parts of block references.
+
+    The same split Ray Train would make (``equal=True``: every worker gets as many rows, the
+    remainder is dropped), but materialised once here, so no split-coordinator actor has to
+    start and every worker fetches its blocks straight from the object store.
+
+    Returns:
+        ``{name: [block refs of rank 0, of rank 1, ...]}``.
+    """
+    out = {}
+    for name, dataset in datasets.items():
+        parts = dataset.split(workers, equal=True)
+        out[name] = [[ref for bundle in part.iter_internal_ref_bundles()
+                      for ref in bundle.block_refs] for part in parts]
+    return out
+
+
+def drain_blocks(refs: list[Any]) -> Any:
+    """A worker's blocks (from :func:`split_for_workers`) fetched once, as one Arrow table."""
+    import ray
+    from ray.data.block import BlockAccessor
+
+    return _one_table([BlockAccessor.for_block(block).to_arrow() for block in ray.get(refs)])
 
 
 def _batch_kind(collate_fn: Callable[[Any], Any] | None) -> str:

@@ -19,6 +19,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._data import SizedBatches,
 from michelangelo.lib.trainer.torch.pytorch_lightning._freeze import freeze_layers, frozen_names
 from michelangelo.lib.trainer.torch.pytorch_lightning._inmemory_data import (
     InMemoryBatches,
+    drain_blocks,
     drain_shard,
 )
 from michelangelo.lib.trainer.torch.pytorch_lightning._lightning_kwargs import ResolvedKwargs
@@ -78,6 +79,8 @@ class WorkerSpec:
     metrics_url: str | None = None
     # Registry warm starts (see _warm_start): baselines resolved on the driver.
     warm_start: Any = None
+    # In memory: each rank's block refs per dataset, split on the driver (None: Ray's shards).
+    shard_blocks: dict[str, list[list[Any]]] | None = None
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -188,15 +191,21 @@ def _in_memory_iterables(spec: WorkerSpec) -> tuple[InMemoryBatches, InMemoryBat
 
     rank = ray.train.get_context().get_world_rank()
     pin = get_device().type == "cuda"  # pinned host memory speeds up the copies to the GPU
+
+    def drain(name: str) -> Any:
+        if spec.shard_blocks is not None:
+            return drain_blocks(spec.shard_blocks[name][rank])
+        return drain_shard(ray.train.get_dataset_shard(name))
+
     train = InMemoryBatches(
-        drain_shard(ray.train.get_dataset_shard("train")), spec.batch_size,
+        drain("train"), spec.batch_size,
         shuffle=spec.shuffle_buffer_rows is not None, seed=spec.shuffle_seed, rank=rank,
         collate_fn=spec.collate_fn, pin_memory=pin,
     )
     val = None
     if spec.val_rows is not None:
         val = InMemoryBatches(
-            drain_shard(ray.train.get_dataset_shard("val")), spec.batch_size, shuffle=False,
+            drain("val"), spec.batch_size, shuffle=False,
             rank=rank, collate_fn=spec.collate_fn, pin_memory=pin,
         )
     return train, val

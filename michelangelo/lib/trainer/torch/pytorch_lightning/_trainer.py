@@ -14,6 +14,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._freeze import frozen_name
 from michelangelo.lib.trainer.torch.pytorch_lightning._inmemory_data import (
     plan_ingest,
     shuffle_seed,
+    split_for_workers,
 )
 from michelangelo.lib.trainer.torch.pytorch_lightning._lightning_kwargs import (
     resolve_lightning_kwargs,
@@ -130,8 +131,19 @@ class LightningTrainer(TorchTrainer):
             spec = self._worker_spec()
             spec = dataclasses.replace(spec, progress_key=progress_key,
                                        metrics_url=_metrics_url(self.run_config, spec))
+            datasets = self.datasets
+            workers = self.scaling_config.num_workers
+            if spec.in_memory and isinstance(workers, int) and datasets:
+                # Split here, once; Ray Train then has no datasets, so it starts no split
+                # coordinator (see _inmemory_data.split_for_workers).
+                spec = dataclasses.replace(
+                    spec, shard_blocks=split_for_workers(datasets, max(workers, 1)))
+                self.datasets = {}
             self.train_loop_config = {"spec": spec}
-            return super().fit()
+            try:
+                return super().fit()
+            finally:
+                self.datasets = datasets
 
     def train(self, run_config: RunConfig | None = None) -> dict[str, Any]:
         """Run training and return ``{"checkpoint_path", "path", "metrics"}``.

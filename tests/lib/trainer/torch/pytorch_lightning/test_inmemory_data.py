@@ -27,10 +27,12 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._inmemory_data import (
     ENV_MAX_BYTES,
     ENV_SWITCH,
     InMemoryBatches,
+    drain_blocks,
     drain_shard,
     known_size_bytes,
     plan_ingest,
     shuffle_seed,
+    split_for_workers,
 )
 
 ship_by_value(__name__)
@@ -144,6 +146,19 @@ def test_parquet_size_is_estimated_from_row_count_and_fixed_widths(tmp_path):
     text = plan_ingest(ray.data.read_parquet(str(tmp_path / "text")), None,
                        scaling(memory=10**12))
     assert not text.in_memory and "unknown" in text.reason
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_driver_split_gives_each_worker_equal_distinct_rows():
+    import ray.data
+
+    data = ray.data.from_arrow([id_table(4), id_table(7).set_column(0, "id", pa.array(
+        range(4, 11)))])
+    parts = split_for_workers({"train": data}, 3)["train"]
+    tables = [drain_blocks(refs) for refs in parts]
+    assert [t.num_rows for t in tables] == [3, 3, 3]  # 11 rows: the remainder is dropped
+    seen = [i for t in tables for i in t.column("id").to_pylist()]
+    assert len(set(seen)) == 9 and set(seen) <= set(range(11))
 
 
 def test_shuffle_seed_is_stable_per_run_and_follows_seed_everything(monkeypatch):
@@ -294,6 +309,15 @@ def train_once(tmp_path, monkeypatch, switch: str, train, val) -> tuple[dict, Li
     record_dir = tmp_path / f"records-{switch}"
     record_dir.mkdir()
     monkeypatch.setenv(ENV_SWITCH, switch)
+    from michelangelo.lib.trainer.torch.pytorch_lightning import _trainer
+
+    splits = []
+
+    def counting_split(datasets, workers):
+        splits.append((sorted(datasets), workers))
+        return split_for_workers(datasets, workers)
+
+    monkeypatch.setattr(_trainer, "split_for_workers", counting_split)
     trainer = LightningTrainer(
         trainer_param=LightningTrainerParam(
             create_model_fn=create_recording_model,
@@ -309,6 +333,9 @@ def train_once(tmp_path, monkeypatch, switch: str, train, val) -> tuple[dict, Li
     for path in sorted(glob.glob(str(record_dir / "rank*.json"))):
         with open(path) as handle:
             seen[path] = {int(k): v for k, v in json.load(handle).items()}
+    # In memory, the driver splits once and Ray Train gets no datasets (no split coordinator).
+    assert splits == ([(["train", "val"], 2)] if switch == "1" else [])
+    assert sorted(trainer.datasets) == ["train", "val"]  # handed back after the fit
     return {"val_loss": float(result["metrics"]["val_loss"]), "seen": seen}, trainer
 
 
