@@ -81,6 +81,7 @@ class LightningTrainer(TorchTrainer):
         scaling_config = scaling_config or ScalingConfig()
         run_config = run_config or RunConfig()
         self.trainer_param = trainer_param
+        self._own_data_config = dataset_config is not None
         self._resolved = resolve_lightning_kwargs(trainer_param)
         check_all(trainer_param, self._resolved, scaling_config)
         if trainer_param.initial_weights_path:
@@ -133,9 +134,11 @@ class LightningTrainer(TorchTrainer):
                                        metrics_url=_metrics_url(self.run_config, spec))
             datasets = self.datasets
             workers = self.scaling_config.num_workers
-            if spec.in_memory and isinstance(workers, int) and datasets:
+            if (spec.in_memory and isinstance(workers, int) and datasets
+                    and not self._own_data_config):
                 # Split here, once; Ray Train then has no datasets, so it starts no split
-                # coordinator (see _inmemory_data.split_for_workers).
+                # coordinator (see _inmemory_data.split_for_workers). A user's DataConfig
+                # (datasets not split, its own configure) keeps Ray Train's sharding.
                 spec = dataclasses.replace(
                     spec, shard_blocks=split_for_workers(datasets, max(workers, 1)))
                 self.datasets = {}

@@ -14,7 +14,7 @@ import pytest
 import pytorch_lightning as pl
 import ray
 import torch
-from _models import make_regression_datasets, ship_by_value, start_test_ray
+from _models import create_tiny_model, make_regression_datasets, ship_by_value, start_test_ray
 from ray.data.collate_fn import ArrowBatchCollateFn, NumpyBatchCollateFn, PandasBatchCollateFn
 from ray.train import RunConfig, ScalingConfig
 
@@ -159,6 +159,36 @@ def test_driver_split_gives_each_worker_equal_distinct_rows():
     assert [t.num_rows for t in tables] == [3, 3, 3]  # 11 rows: the remainder is dropped
     seen = [i for t in tables for i in t.column("id").to_pylist()]
     assert len(set(seen)) == 9 and set(seen) <= set(range(11))
+
+
+@pytest.mark.usefixtures("ray_cluster")
+def test_a_users_data_config_keeps_ray_trains_sharding(monkeypatch, tmp_path):
+    from ray.train import DataConfig
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    monkeypatch.setenv(ENV_SWITCH, "1")
+    seen = []
+
+    def launch(self):  # stands in for Ray Train's fit: what would it have been given?
+        seen.append((sorted(self.datasets), self.train_loop_config["spec"].shard_blocks))
+        return None
+
+    monkeypatch.setattr(DataParallelTrainer, "fit", launch)
+    train, val = make_regression_datasets(32, 8)
+    for config in (None, DataConfig(datasets_to_split=["train"])):
+        trainer = LightningTrainer(
+            trainer_param=LightningTrainerParam(
+                create_model_fn=create_tiny_model, create_model_fn_kwargs={},
+                train_data=train, val_data=val, batch_size=8),
+            run_config=RunConfig(name="cfg", storage_path=str(tmp_path)),
+            scaling_config=scaling(), dataset_config=config)
+        trainer.fit()
+        assert sorted(trainer.datasets) == ["train", "val"]
+    (default_datasets, blocks), (own_datasets, own_blocks) = seen
+    assert default_datasets == [] and sorted(blocks) == ["train", "val"]
+    assert len(blocks["train"]) == 2  # one list of block refs per worker
+    # Val is not to be split under the user's config: Ray Train keeps the datasets.
+    assert own_datasets == ["train", "val"] and own_blocks is None
 
 
 def test_shuffle_seed_is_stable_per_run_and_follows_seed_everything(monkeypatch):
