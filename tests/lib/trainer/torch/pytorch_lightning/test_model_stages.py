@@ -101,12 +101,17 @@ def registry(tmp_path, monkeypatch):
     return ModelRegistry()
 
 
-def test_renamed_layers_inherit_by_the_names_the_factory_gives(registry):
-    torch.manual_seed(3)
+def _plan_inherit(registry, factory, layer: str, seed: int):
+    """Register a seeded baseline, plan inheriting ``layer`` from it; ``(baseline, plan)``."""
+    torch.manual_seed(seed)
     baseline = create_tiny_model().state_dict()
     registry.register("p", "base", state_dict=baseline)
-    spec = TransferLearningSpec(metadata=_metadata("base"), layer_names_to_inherit=["net.0"])
-    warm = plan_warm_start(_Param(create_renaming, spec), _resolved())
+    spec = TransferLearningSpec(metadata=_metadata("base"), layer_names_to_inherit=[layer])
+    return baseline, plan_warm_start(_Param(factory, spec), _resolved())
+
+
+def test_renamed_layers_inherit_by_the_names_the_factory_gives(registry):
+    baseline, warm = _plan_inherit(registry, create_renaming, "net.0", seed=3)
     assert warm.inherit.stage == BEFORE
     assert [m for m, _ in warm.inherit.mapping] == ["net.0.weight", "net.0.bias"]
     model, queued = _on_worker(create_renaming, warm)
@@ -116,11 +121,7 @@ def test_renamed_layers_inherit_by_the_names_the_factory_gives(registry):
 
 
 def test_layers_built_in_configure_model_are_inherited_after_it(registry):
-    torch.manual_seed(4)
-    baseline = create_tiny_model().state_dict()
-    registry.register("p", "base", state_dict=baseline)
-    spec = TransferLearningSpec(metadata=_metadata("base"), layer_names_to_inherit=["net.2"])
-    warm = plan_warm_start(_Param(create_lazy, spec), _resolved())
+    baseline, warm = _plan_inherit(registry, create_lazy, "net.2", seed=4)
     assert warm.inherit.stage == AFTER
     model, queued = _on_worker(create_lazy, warm)
     assert queued == 1
