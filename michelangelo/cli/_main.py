@@ -66,14 +66,18 @@ def cli(ctx: click.Context, debug: bool, verbose: bool) -> None:
 @click.option("--image", default=None, help="--kuberay: Ray image of every node")
 @click.option("--kube-context", default=None, help="--kuberay: kubeconfig context")
 @click.option("--sandbox", is_flag=True, help="--kuberay: the `michelangelo sandbox` cluster")
+@click.option("--head-access", type=click.Choice(["auto", "pod", "port-forward"]), default=None,
+              help="--kuberay: reach each head by its pod address, through the API server's "
+                   "port-forward, or auto (the address when it answers, else port-forward)")
 def run(target: str, args: tuple[str, ...], resume: str | None, storage_url: str | None,
         ray_address: str | None, kuberay: bool, namespace: str | None, image: str | None,
-        kube_context: str | None, sandbox: bool) -> None:
+        kube_context: str | None, sandbox: bool, head_access: str | None) -> None:
     """Run FILE:WORKFLOW locally, or remotely with --ray-address or --kuberay."""
     from michelangelo.uniflow.core import Context
 
     given = {"ray_address": ray_address, "kuberay": kuberay or None, "namespace": namespace,
-             "image": image, "kube_context": kube_context, "sandbox": sandbox or None}
+             "image": image, "kube_context": kube_context, "sandbox": sandbox or None,
+             "head_access": head_access}
     options = {key: value for key, value in given.items() if value}
     if options:
         import michelangelo.uniflow.plugins.ray  # noqa: F401  (registers these options)

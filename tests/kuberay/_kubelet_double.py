@@ -10,6 +10,8 @@ other image fails to pull as ``ImagePullBackOff``), and reports the status a kub
 a growing back-off and reported as ``CrashLoopBackOff`` meanwhile (restartPolicy Always). A
 worker pod stays in its init phase until its head's Ray is up, as KubeRay's ``wait-gcs-ready``
 init container keeps it. A pod marked for deletion has its processes stopped and is removed.
+Port-forward streams the API server proxies to the node are served by
+``_kubelet_streaming_double``.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from kubernetes import client
 # A pod's processes are ended, and its start is seen, the way the local provisioner does it.
 from michelangelo.uniflow.plugins.ray._local import _head_started, _kill_sessions
 from michelangelo.uniflow.plugins.ray._ports import free_port
+from tests.kuberay._kubelet_streaming_double import KubeletStreamingDouble
 
 _HEAD_GCS_PORT = 6379
 _DASHBOARD_PORT = 8265
@@ -79,15 +82,27 @@ class KubeletDouble:
         self.errors: list[str] = []
 
     def start(self) -> KubeletDouble:
+        self.streaming = KubeletStreamingDouble(self._pod_ip).start()
+        # What a kubelet reports of itself: where the API server reaches its streaming server.
+        for node in self.nodes:
+            self._core.patch_node_status(node, {"status": {
+                "addresses": [{"type": "InternalIP", "address": "127.0.0.1"},
+                              {"type": "Hostname", "address": "127.0.0.1"}],
+                "daemonEndpoints": {"kubeletEndpoint": {"Port": self.streaming.port}}}})
         self._thread.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=10)
+        self.streaming.stop()
         for pod in list(self._pods.values()):
             self._kill(pod)
         self._pods.clear()
+
+    def _pod_ip(self, namespace: str, name: str) -> str | None:
+        record = self._pods.get(name) if namespace == self.namespace else None
+        return record.ip if record is not None and record.proc is not None else None
 
     def processes(self) -> list[subprocess.Popen]:
         return [p.proc for p in self._pods.values() if p.proc is not None]

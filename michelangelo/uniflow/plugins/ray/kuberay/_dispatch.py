@@ -25,6 +25,9 @@ _VALUE_OPTIONS = {
     "namespace": ("--namespace", "NS", "remote-run --kuberay: namespace of the RayClusters"),
     "image": ("--image", "IMAGE", "remote-run --kuberay: the Ray image of every node"),
     "kube_context": ("--kube-context", "CTX", "remote-run --kuberay: the kubeconfig context"),
+    "head_access": ("--head-access", "auto|pod|port-forward",
+                    "remote-run --kuberay: reach heads by pod address, through the API server's "
+                    "port-forward, or auto (the address when it answers, else port-forward)"),
 }
 
 
@@ -52,12 +55,13 @@ def settings_from(options: dict[str, Any]) -> KubeRaySettings:
         head_address = "http://127.0.0.1:8265"
     return KubeRaySettings(namespace=namespace, image=image,
                            target=KubeTarget(context=context), storage_secret=storage_secret,
-                           head_address=head_address, head_node_ports=head_node_ports)
+                           head_address=head_address, head_node_ports=head_node_ports,
+                           head_access=options.get("head_access") or "auto")
 
 
 def _check(mode: str, value: Any, options: dict[str, Any]) -> None:
     if not value:
-        for name in ("namespace", "image", "kube_context", "sandbox"):
+        for name in ("namespace", "image", "kube_context", "sandbox", "head_access"):
             if options.get(name):
                 flag = (_VALUE_OPTIONS.get(name) or _FLAG_OPTIONS[name])[0]
                 raise UserError(f"{flag} only applies with remote-run --kuberay.")
@@ -65,6 +69,7 @@ def _check(mode: str, value: Any, options: dict[str, Any]) -> None:
     if mode != "remote-run":
         raise UserError("--kuberay only applies to remote-run: run "
                         "`python wf.py remote-run --kuberay` (or `michelangelo run ... --kuberay`).")
+    settings_from({k: v for k, v in options.items() if k != "sandbox"})  # bad values, now
     if options.get("sandbox"):
         _use_sandbox_storage()
     if options.get("ray_address"):

@@ -9,10 +9,12 @@ transport only needs another implementation of these verbs.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from michelangelo.uniflow.core.errors import UserError
+from michelangelo.uniflow.plugins.ray.kuberay._portforward import PortForward
 
 # kind -> (group, version, plural); core kinds have group "".
 _KINDS = {
@@ -145,6 +147,25 @@ class KubeApi:
             if exc.status == 404:
                 return None
             raise
+
+    def port_forward(self, namespace: str, pod: Callable[[], str | None],
+                     port: int) -> PortForward:
+        """A started :class:`PortForward` from 127.0.0.1 to ``port`` of the pod ``pod()`` names."""
+        return PortForward(lambda name, p: self._open_port_forward(namespace, name, p),
+                           pod, port).start()
+
+    def _open_port_forward(self, namespace: str, pod: str, port: int) -> Any:
+        """One WebSocket to ``pods/portforward`` (the same credentials as every other call)."""
+        from kubernetes.stream import ws_client
+
+        cfg = self._client.configuration
+        url = ws_client.get_websocket_url(
+            f"{cfg.host}/api/v1/namespaces/{namespace}/pods/{pod}/portforward?ports={port}")
+        headers = {"sec-websocket-protocol": "v4.channel.k8s.io"}
+        for setting in cfg.auth_settings().values():  # as the generated calls add them
+            if setting.get("in") == "header" and setting.get("value"):
+                headers[setting["key"].lower()] = setting["value"]
+        return ws_client.create_websocket(cfg, url, headers)
 
     def server_minor(self) -> int:
         if not hasattr(self, "_minor"):

@@ -32,11 +32,13 @@ from michelangelo.uniflow.plugins.ray.kuberay._manifest import (
     TASK_LABEL,
     ray_cluster_manifest,
 )
+from michelangelo.uniflow.plugins.ray.kuberay._portforward import PortForward
 
 DEADLINE_ENV = "UF_KUBERAY_PROVISION_TIMEOUT_S"
 _DEFAULT_DEADLINE_S = 600.0
 _POLL_S = 0.5
 _DELETE_WAIT_S = 120.0
+HEAD_ACCESS = ("auto", "pod", "port-forward")
 # Waiting reasons that do not heal by waiting longer.
 FATAL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName",
                  "CreateContainerConfigError", "CreateContainerError")
@@ -60,6 +62,15 @@ class KubeRaySettings:
     # node ports the head Service must use. None: the head pod's own address.
     head_address: str | None = None
     head_node_ports: dict[str, int] | None = None
+    # How this client reaches the head otherwise: "pod" (its address), "port-forward" (through
+    # the API server), or "auto": the pod's address when it answers from here, else forward.
+    head_access: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.head_access not in HEAD_ACCESS:
+            raise UserError(
+                f"head access {self.head_access!r} is not one of {', '.join(HEAD_ACCESS)}. Fix: "
+                "--head-access port-forward (through the API server) or pod (its address).")
 
     def deadline(self) -> float:
         if self.deadline_s is not None:
@@ -106,6 +117,10 @@ class KubeRayCluster(RayCluster):
         self._on_progress = on_progress or (lambda message: None)
         self._created = False
         self.head_ip: str | None = None
+        self.head_pod: str | None = None
+        self._forward: PortForward | None = None
+        self._access: str | None = None if self.settings.head_access == "auto" \
+            else self.settings.head_access
         self.timeline: dict[str, float] = {}
         self.reasons_seen: list[str] = []
         self.state = ClusterState.PENDING
@@ -151,6 +166,9 @@ class KubeRayCluster(RayCluster):
         return None  # start() returns only once every node is alive
 
     def shutdown(self) -> None:
+        forward, self._forward = self._forward, None
+        if forward is not None:
+            forward.close()
         if self.state == ClusterState.DELETED or not self._created:
             self.state = ClusterState.DELETED
             return
@@ -193,6 +211,15 @@ class KubeRayCluster(RayCluster):
                 self._mark("head ready")
             if _condition(obj, "HeadPodReady") and _condition(obj, "RayClusterProvisioned"):
                 head = self._head_url(pods)
+                phase = "waiting for the head's dashboard to answer"
+                if self._forward is not None and self._forward.refused:
+                    raise UserError(
+                        f"the Kubernetes API refused to port-forward to RayCluster "
+                        f"{self.name!r}'s head: {self._forward.refused}. Fix: have your user "
+                        f"granted 'create' on pods/portforward in namespace {self.namespace!r}, "
+                        "or pass --head-access pod where pod addresses are reachable.")
+                if self._forward is not None and self._forward.last_error:
+                    phase += f" ({self._forward.last_error})"
                 if head and self._dashboard_ready(head):
                     alive = self._alive_nodes(head)
                     expected = 1 + self.task.worker_instances
@@ -215,15 +242,36 @@ class KubeRayCluster(RayCluster):
                 if (e.get("involvedObject") or {}).get("name") in names]
 
     def _head_url(self, pods: list[dict[str, Any]]) -> str | None:
-        """The dashboard URL: the configured host mapping, else the head pod's address."""
+        """The dashboard URL: a configured host mapping, the head pod's address, or a forward."""
         if self.settings.head_address:
             return self.settings.head_address.rstrip("/")
         for pod in pods:
             labels = pod["metadata"].get("labels") or {}
             ip = (pod.get("status") or {}).get("podIP")
             if labels.get("ray.io/node-type") == "head" and ip:
-                self.head_ip = ip
-                return f"http://{ip}:{HEAD_PORTS['dashboard']}"
+                self.head_ip, self.head_pod = ip, pod["metadata"]["name"]
+                break
+        else:
+            return None
+        port = HEAD_PORTS["dashboard"]
+        if self._access is None:  # auto: decided once, when the head first has an address
+            self._access = "pod" if _answers(self.head_ip, port) else "port-forward"
+            if self._access == "port-forward":
+                self._on_progress(f"{self.name}: the head pod's address {self.head_ip} does not "
+                                  "answer from here; reaching it through the API server's "
+                                  "port-forward")
+        if self._access == "pod":
+            return f"http://{self.head_ip}:{port}"
+        if self._forward is None:
+            self._forward = self.api.port_forward(self.namespace, self._current_head, port)
+        return self._forward.url
+
+    def _current_head(self) -> str | None:
+        """The head pod's name now (KubeRay replaces a head pod that dies)."""
+        for pod in self.api.pods(self.namespace,
+                                 f"ray.io/cluster={self.name},ray.io/node-type=head"):
+            if not pod["metadata"].get("deletionTimestamp"):
+                return pod["metadata"]["name"]
         return None
 
     def _dashboard_ready(self, url: str) -> bool:
@@ -305,6 +353,19 @@ def _condition(obj: dict[str, Any], kind: str) -> bool:
         if cond.get("type") == kind:
             return cond.get("status") == "True"
     return False
+
+
+def _answers(host: str | None, port: int) -> bool:
+    """Whether ``host`` is reachable from here: a connection, or a refusal, within a second."""
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=1.0).close()
+    except ConnectionRefusedError:
+        return True  # the host answered; the dashboard is not listening yet
+    except OSError:
+        return False
+    return True
 
 
 def _http_json(url: str) -> Any:
