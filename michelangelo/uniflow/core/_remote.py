@@ -134,6 +134,12 @@ def read_remote_result(storage: Storage, call: RemoteCall) -> dict:
     raise rebuild_error(result["error"])
 
 
+def read_remote_artifacts(storage: Storage, call: RemoteCall) -> list[dict]:
+    """What the remote attempt passed to ``record_artifact`` (none when it left no result)."""
+    result = storage.try_read_json(call.result_path) or {}
+    return [a for a in result.get("artifacts") or [] if isinstance(a, dict) and "kind" in a]
+
+
 def rebuild_error(error: dict) -> Exception:
     """The remote exception as its own type where this process already knows that type.
 
@@ -181,7 +187,7 @@ def execute_remote_call(
 
     storage = Storage(call.storage_url)
     info = CallInfo(call.run_id, call.call_id, call.task_name, call.attempt, storage,
-                    call.call_dir)
+                    call.call_dir, artifacts=[])
     token = set_current_call(info)
     try:
         fn, annotations = _load_function(call, source_file or call.source_file, on_module_loaded)
@@ -194,12 +200,19 @@ def execute_remote_call(
             output, _ = persist_value(storage, call.call_dir, call.attempt, value)
     except Exception as exc:
         traceback.print_exc()
-        storage.write_json(call.result_path, {"state": _RESULT_FAILED, "error": _describe(exc)})
+        storage.write_json(call.result_path, {"state": _RESULT_FAILED, "error": _describe(exc),
+                                              "artifacts": _plain(info.artifacts)})
         return False
     finally:
         reset_current_call(token)
-    storage.write_json(call.result_path, {"state": _RESULT_OK, "output": output})
+    storage.write_json(call.result_path, {"state": _RESULT_OK, "output": output,
+                                          "artifacts": _plain(info.artifacts)})
     return True
+
+
+def _plain(artifacts: list[dict] | None) -> list[dict]:
+    """Artifacts as JSON (a value JSON cannot hold becomes its text, not a lost result)."""
+    return json.loads(json.dumps(artifacts or [], default=str))
 
 
 # -- helpers -------------------------------------------------------------------------------

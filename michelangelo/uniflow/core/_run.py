@@ -29,7 +29,11 @@ from michelangelo.uniflow.core._records import (
     TaskRecord,
     TaskState,
 )
-from michelangelo.uniflow.core._remote import prepare_remote_call, read_remote_result
+from michelangelo.uniflow.core._remote import (
+    prepare_remote_call,
+    read_remote_artifacts,
+    read_remote_result,
+)
 from michelangelo.uniflow.core._runtime import (
     CallInfo,
     current_call,
@@ -61,9 +65,22 @@ def record_artifact(kind: str, **fields: Any) -> bool:
     once. Returns whether a task was running to take it.
     """
     run, call = active_run(), current_call()
-    if run is None or call is None:
+    if call is None:
         return False
-    return run.add_artifact(call.call_id, {"kind": kind, **fields})
+    entry = {"kind": kind, **fields}
+    if run is None:
+        if call.artifacts is None:
+            return False
+        if not _repeats(call.artifacts, entry):  # a remote attempt: kept for its result file
+            call.artifacts.append({**entry, "time": time.time()})
+        return True
+    return run.add_artifact(call.call_id, entry)
+
+
+def _repeats(artifacts: list[dict], entry: dict[str, Any]) -> bool:
+    """Whether ``entry`` equals the last artifact of its kind (its time aside)."""
+    same_kind = [a for a in artifacts if a.get("kind") == entry.get("kind")]
+    return bool(same_kind) and {k: v for k, v in same_kind[-1].items() if k != "time"} == entry
 
 
 def new_run_id(workflow: str) -> str:
@@ -137,14 +154,16 @@ class Run:
         self.reporter.progress(key, state)
 
     def add_artifact(self, call_id: str, entry: dict[str, Any]) -> bool:
+        """Append to a running task's artifacts; an entry that has a ``time`` keeps it."""
+        entry = dict(entry)
+        at = entry.pop("time", None)
         with self._record_lock:
             record = self._running.get(call_id)
             if record is None:
                 return False
-            same_kind = [a for a in record.artifacts if a.get("kind") == entry.get("kind")]
-            if same_kind and {k: v for k, v in same_kind[-1].items() if k != "time"} == entry:
+            if _repeats(record.artifacts, entry):
                 return True
-            record.artifacts.append({**entry, "time": time.time()})
+            record.artifacts.append({**entry, "time": at if at is not None else time.time()})
             self.store.save_task(self.run_id, record)
         return True
 
@@ -372,6 +391,8 @@ class Run:
         call = prepare_remote_call(self.storage, task, self.run_id, record.call_id,
                                    record.attempts, call_dir, arguments)
         plugin.run_elsewhere(task.config, self, call)
+        for entry in read_remote_artifacts(self.storage, call):
+            self.add_artifact(record.call_id, entry)
         output = read_remote_result(self.storage, call)
         value = load_output(self.storage, output)
         if value is _MISSING:

@@ -20,6 +20,9 @@ class CallInfo:
     attempt: int
     storage: Storage
     call_dir: str  # filesystem path of this call's folder in storage
+    # Where ``record_artifact`` entries go when no run is active here (a remote attempt):
+    # they travel back to the driver in the result file.
+    artifacts: list[dict] | None = None
 
     @property
     def scratch_url(self) -> str:

@@ -80,6 +80,15 @@ def too_slow() -> str:
     return "never"
 
 
+@uniflow.task(config=InAnotherProcess())
+def notes(fail: bool) -> int:
+    uniflow.record_artifact("note", text="from the other process", pid=os.getpid())
+    uniflow.record_artifact("odd", value={1, 2})  # not JSON: kept as its text
+    if fail:
+        raise ValueError("after the notes")
+    return 1
+
+
 @uniflow.workflow()
 def cached_twice(x: int) -> list:
     return [where(x), where(x)]
@@ -119,3 +128,19 @@ def test_local_run_keeps_the_body_in_this_process():
     AnotherProcessPlugin.calls.clear()
     assert where(5)["pid"] == os.getpid()
     assert AnotherProcessPlugin.calls == []
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_artifacts_recorded_elsewhere_reach_the_task_record(fail):
+    ctx = _context()
+    if fail:
+        with pytest.raises(ValueError, match="after the notes"):
+            ctx.run(notes.with_overrides(retries=0), True)
+    else:
+        assert ctx.run(notes, False) == 1
+    run_id = ctx.last_run_id
+    (record,) = RunStore(Storage()).load_tasks(run_id)
+    kinds = {a["kind"]: a for a in record.artifacts}
+    assert kinds["note"]["text"] == "from the other process"
+    assert kinds["note"]["pid"] != os.getpid() and kinds["note"]["time"] > 0
+    assert kinds["odd"]["value"] == "{1, 2}"
