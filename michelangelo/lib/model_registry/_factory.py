@@ -92,8 +92,16 @@ def factory_reference(fn: Callable[..., Any], kwargs: Mapping[str, Any] | None) 
             # A file loaded under a made-up name (`michelangelo run FILE:WF` does this): only
             # its path can bring it back in another process.
             script_path = os.path.abspath(path)
-    return {"module": module_name, "qualname": qualname, "script_path": script_path,
-            "kwargs": kwargs}
+    reference = {"module": module_name, "qualname": qualname, "script_path": script_path,
+                 "kwargs": kwargs}
+    if script_path:
+        # Also where the script lies in the folder this process runs from (a remote job's
+        # working_dir is the project): a process started in another copy of the project (a
+        # RayService replica, a colleague's checkout) finds it there.
+        relative = os.path.relpath(script_path, os.getcwd())
+        if not relative.startswith(os.pardir + os.sep) and not os.path.isabs(relative):
+            reference["script_relpath"] = relative.replace(os.sep, "/")
+    return reference
 
 
 def _importable_by_name(module_name: str) -> bool | None:
@@ -146,6 +154,17 @@ def _import_script(path: str) -> Any:
     return module
 
 
+def _script_here(reference: Mapping[str, Any]) -> str:
+    """The recorded script path, else the same project path under this process's folder."""
+    path = reference["script_path"]
+    relative = reference.get("script_relpath")
+    if not os.path.isfile(path) and relative:
+        candidate = os.path.abspath(relative)
+        if os.path.isfile(candidate):
+            return candidate
+    return path
+
+
 def resolve_factory(reference: Mapping[str, Any]) -> Callable[..., Any]:
     """Import the factory described by :func:`factory_reference`.
 
@@ -157,8 +176,8 @@ def resolve_factory(reference: Mapping[str, Any]) -> Callable[..., Any]:
                          "load_model(), or register with create_model_fn=...")
     qualname = reference["qualname"]
     if reference.get("script_path"):
-        module = _import_script(reference["script_path"])
-        where = reference["script_path"]
+        where = _script_here(reference)
+        module = _import_script(where)
     else:
         where = reference["module"]
         try:

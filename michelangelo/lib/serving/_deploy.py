@@ -151,8 +151,10 @@ def deploy(spec: Any, *, name: str | None = None, num_replicas: int = 1,
     deployment = _deployment(description, revision.spec)
     from michelangelo.uniflow.core import record_artifact
 
+    # The description lets a KubeRay run make the same endpoint a RayService afterwards.
     record_artifact("deployment", name=description.name, spec=str(revision.spec),
-                    url=deployment.url, replicas=num_replicas)
+                    url=deployment.url, replicas=num_replicas,
+                    _description=description.to_dict())
     return deployment
 
 

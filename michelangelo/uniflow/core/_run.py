@@ -62,7 +62,9 @@ def record_artifact(kind: str, **fields: Any) -> bool:
     Any library can call it from a task body on the driver (capacity decisions, metric
     files, registry revisions, deployments); ``michelangelo runs report`` shows them. Values
     must be JSON-able. An entry equal to the task's previous one of the same kind is kept
-    once. Returns whether a task was running to take it.
+    once. Fields whose names start with ``_`` are kept for programs (a plugin acting on the
+    entry) and left out of the report. In a remote attempt the entries travel back with its
+    result. Returns whether a task was running to take it.
     """
     run, call = active_run(), current_call()
     if call is None:

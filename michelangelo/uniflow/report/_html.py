@@ -231,7 +231,9 @@ def _generic_table(tasks: list[TaskRecord], kinds: tuple[str, ...]) -> str:
         return ""
     fields: list[str] = []
     for _, artifact in entries:
-        fields += [k for k in artifact if k not in ("kind", "time") and k not in fields]
+        # A field named with a leading underscore is for programs, not for the report.
+        fields += [k for k in artifact if k not in ("kind", "time") and not k.startswith("_")
+                   and k not in fields]
     head = "<tr><th>task</th><th>kind</th>" + "".join(f"<th>{_e(f)}</th>" for f in fields)
     rows = []
     for task, artifact in entries:

@@ -138,6 +138,38 @@ def test_factory_in_a_main_script_is_imported_again_by_path(tmp_path):
     assert torch.equal(model.weight, torch.nn.Linear(2, 3).weight)
 
 
+def test_a_script_factory_is_found_in_another_copy_of_the_project(tmp_path, monkeypatch):
+    # A remote job registers from its working_dir, which is gone when a new cluster (a
+    # RayService) serves the revision from its own copy of the project.
+    project = tmp_path / "job-working-dir"
+    (project / "pkg").mkdir(parents=True)
+    script = project / "pkg" / "factory_script.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+        import torch
+        from michelangelo.lib.model_registry import ModelRegistry
+
+        def create_model():
+            return torch.nn.Linear(2, 5)
+
+        if __name__ == "__main__":
+            ModelRegistry(sys.argv[1]).register("p", "moved", model=create_model(),
+                                                create_model_fn=create_model)
+    """))
+    root = str(tmp_path / "r")
+    done = subprocess.run([sys.executable, "pkg/factory_script.py", root], capture_output=True,
+                          text=True, timeout=300, cwd=str(project))
+    assert done.returncode == 0, done.stderr
+    registry = ModelRegistry(root)
+    assert registry.get("p/moved").factory["script_relpath"] == "pkg/factory_script.py"
+    copy = tmp_path / "service-copy"
+    project.rename(copy)
+    with pytest.raises(ValueError, match="no longer exists"):
+        registry.load_model("p/moved")  # run from elsewhere, the old path is all there is
+    monkeypatch.chdir(copy)
+    assert registry.load_model("p/moved").weight.shape == (5, 2)
+
+
 def test_closures_and_nested_functions_are_refused_with_the_fix(tmp_path):
     registry = ModelRegistry(str(tmp_path / "r"))
     width = 3
