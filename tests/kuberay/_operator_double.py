@@ -9,6 +9,7 @@ part our provisioner relies on, the way KubeRay 1.7 documents it: one head pod a
 No kube-controller-manager runs on the test plane either, so the double also does the garbage
 collector's share for its own objects: when a RayCluster is being deleted in the foreground it
 deletes the pods and Service it made, then lifts the ``foregroundDeletion`` finalizer.
+RayServices are handled by ``_rayservice_operator_double``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from typing import Any
 
 from kubernetes import client
 
+from tests.kuberay._rayservice_operator_double import RayServiceControllerDouble
+
 
 class OperatorDouble:
     def __init__(self, api_client: Any, namespace: str = "default") -> None:
@@ -28,6 +31,7 @@ class OperatorDouble:
         self._core = client.CoreV1Api(api_client)
         self._custom = client.CustomObjectsApi(api_client)
         self._api_client = api_client
+        self.services = RayServiceControllerDouble(self._core, self._custom, namespace)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="operator-double")
         self.errors: list[str] = []
@@ -57,6 +61,7 @@ class OperatorDouble:
                 self._collect(cluster)
             else:
                 self._reconcile(cluster)
+        self.services.reconcile_all()
 
     def _pods(self, name: str) -> list[Any]:
         return self._core.list_namespaced_pod(

@@ -77,7 +77,33 @@ def test_quickstart_runs_through_kuberay_and_leaves_nothing(kube_cluster, api, s
     assert all(t.state == TaskState.SUCCEEDED for t in tasks.values()), tasks
     assert "RayCluster default/uf-prepare-" in output and " ready" in output
     assert "deleted" in output
+    # deploy() made a lasting RayService from the same description; the run's clusters went
+    assert "RayService default/quickstart: creating with quickstart/regressor:" in output
+    assert "RayService default/quickstart: ready (quickstart RUNNING); endpoint " \
+        "http://quickstart-serve-svc.default.svc:8000/quickstart" in output
+    service = api.get("RayService", "quickstart", "default")
+    assert service["metadata"]["labels"]["uniflow.michelangelo.ai/managed-by"] == \
+        "uniflow-serving"
+    assert "uniflow.michelangelo.ai/expires-at" not in (service["metadata"].get(
+        "annotations") or {})
+    active = service["status"]["activeServiceStatus"]["rayClusterName"]
+    assert [c["metadata"]["name"] for c in api.list("RayCluster", "default")] == [active]
+    (head,) = api.pods("default", f"ray.io/cluster={active},ray.io/node-type=head")
+    from michelangelo.lib.serving._deploy import post_json
+
+    answer = post_json(f"http://{head['status']['podIP']}:8000/quickstart",
+                       {"inputs": [[0.1] * 8, [0.0] * 8]})
+    assert len(answer["predictions"]) == 2
+    artifacts = [a for t in tasks.values() for a in t.artifacts]
+    kinds = {a["kind"] for a in artifacts}
+    assert {"registry_revision", "deployment", "rayservice"} <= kinds  # from the remote jobs too
+    assert collect_garbage(api, RunStore(Storage(storage)), dry_run=True) == []  # not a run's
+    assert api.delete("RayService", "quickstart", "default")
     assert _no_clusters_left(api)
+    deadline = time.monotonic() + 60
+    while api.get("RayService", "quickstart", "default") is not None:
+        assert time.monotonic() < deadline, "the RayService was not removed"
+        time.sleep(0.5)
     assert all(proc.poll() is not None for proc in kubelet.processes())
     assert operator.errors == [] and kubelet.errors == []
 

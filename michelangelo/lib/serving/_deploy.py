@@ -104,6 +104,10 @@ def deploy(spec: Any, *, name: str | None = None, num_replicas: int = 1,
     replicas, routes to them once they are ready, then drains the old ones, so requests keep
     being answered throughout.
 
+    In a ``remote-run --kuberay`` run the endpoint is made here, on the task's cluster, and,
+    once the task succeeds, the client makes it a KubeRay ``RayService`` of the same name that
+    outlives the run.
+
     Args:
         spec: Any form the registry accepts: ``ModelSpec``, ``"project/model"``,
             ``"project/model:3"``, ``"project/model@champion"``. Aliases are resolved now.

@@ -23,7 +23,7 @@ from michelangelo.uniflow.report._svg import line_chart, timeline
 
 LOG_TAIL_LINES = 40
 _REGISTRY_KINDS = ("registry_revision", "model_revision", "registration", "revision")
-_DEPLOY_KINDS = ("deployment", "deploy", "serving")
+_DEPLOY_KINDS = ("deployment", "deploy", "serving", "rayservice")
 
 _CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:24px;

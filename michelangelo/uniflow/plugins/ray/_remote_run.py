@@ -183,12 +183,32 @@ def submit(config: RayTask, run: Run, call: RemoteCall) -> None:
         entrypoint=entrypoint, runtime_env=runtime_env, submission_id=submission_id,
         deadline_s=deadline, echo=_echo,
     )
+    if state.kuberay is not None and status == "SUCCEEDED":
+        _publish_deployments(state, config, run, call)
     if status != "SUCCEEDED" and not run.storage.exists(call.result_path):
         raise JobFailedError(
             f"Ray job {submission_id} on {state.cluster.address} ended {status} before task "
             f"{call.task_name!r} recorded a result: {message.strip() or 'no message'}. Its "
             f"output ends with:\n{state.cluster.logs_tail(submission_id)}"
         )
+
+
+def _publish_deployments(state: _RemoteState, config: RayTask, run: Run,
+                         call: RemoteCall) -> None:
+    """On KubeRay, what the attempt deployed on its task's cluster becomes a RayService."""
+    from michelangelo.uniflow.core._remote import read_remote_artifacts
+
+    assert state.kuberay is not None
+    deployments = [a for a in read_remote_artifacts(run.storage, call)
+                   if a.get("kind") == "deployment" and isinstance(a.get("_description"), dict)]
+    if not deployments:
+        return
+    try:
+        state.kuberay.publish(deployments, config, call.call_id, state.packed)
+    except Exception as exc:
+        # The task's own work is done; redoing it cannot fix the rollout.
+        exc.uniflow_retryable = False  # type: ignore[attr-defined]
+        raise
 
 
 def _echo(text: str) -> None:

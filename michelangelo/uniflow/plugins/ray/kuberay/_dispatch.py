@@ -14,7 +14,10 @@ from michelangelo.uniflow.core._run import Run
 from michelangelo.uniflow.core.errors import UserError
 from michelangelo.uniflow.plugins.ray._config import RayTask
 from michelangelo.uniflow.plugins.ray.kuberay._kube import KubeTarget
-from michelangelo.uniflow.plugins.ray.kuberay._provisioner import KubeRayCluster, KubeRaySettings
+from michelangelo.uniflow.plugins.ray.kuberay._provisioner import (
+    KubeRayCluster,
+    KubeRaySettings,
+)
 
 OPTION = "kuberay"
 _FLAG_OPTIONS = {
@@ -40,7 +43,7 @@ def settings_from(options: dict[str, Any]) -> KubeRaySettings:
     namespace = options.get("namespace") or "default"
     image = options.get("image")
     context = options.get("kube_context")
-    storage_secret = head_address = head_node_ports = None
+    storage_secret = head_address = head_node_ports = serve_node_port = None
     if options.get("sandbox"):
         from michelangelo.sandbox import load_sandbox_settings
 
@@ -49,14 +52,16 @@ def settings_from(options: dict[str, Any]) -> KubeRaySettings:
         image = image or sandbox.image
         context = context or sandbox.kube_context
         storage_secret = sandbox.storage_secret
-        # kind maps these node ports to the same ports on 127.0.0.1 (see `sandbox create`).
-        head_node_ports = {"dashboard": sandbox.node_ports["dashboard"],
-                           "serve": sandbox.node_ports["serve"]}
+        # kind maps these node ports to the same ports on 127.0.0.1 (see `sandbox create`):
+        # the dashboard to the run's current cluster, Serve to the RayServices deploy() makes.
+        head_node_ports = {"dashboard": sandbox.node_ports["dashboard"]}
+        serve_node_port = sandbox.node_ports["serve"]
         head_address = "http://127.0.0.1:8265"
     return KubeRaySettings(namespace=namespace, image=image,
                            target=KubeTarget(context=context), storage_secret=storage_secret,
                            head_address=head_address, head_node_ports=head_node_ports,
-                           head_access=options.get("head_access") or "auto")
+                           head_access=options.get("head_access") or "auto",
+                           serve_node_port=serve_node_port)
 
 
 def _check(mode: str, value: Any, options: dict[str, Any]) -> None:
@@ -128,8 +133,21 @@ class RunClusters:
                       f"dashboard {cluster.dashboard_url}")
         return cluster.address
 
+    def publish(self, deployments: list[dict[str, Any]], config: RayTask, call_id: str,
+                project: Any) -> None:
+        """Make the endpoints a task's ``deploy()`` calls stood up lasting RayServices.
+
+        The task's cluster goes with the run; each endpoint it deployed (already proven to
+        answer there) is applied as a RayService shaped like the task's RayTask, serving from
+        the project the run sent, and waited for. Kubernetes credentials stay on this machine.
+        """
+        from michelangelo.uniflow.plugins.ray.kuberay._publish import publish
+
+        publish(self, deployments, config, call_id, project)
+
     def close(self) -> None:
         cluster, self.current = self.current, None
         if cluster is not None:
             cluster.shutdown()
             self.run.info(f"RayCluster {self.settings.namespace}/{cluster.name} deleted")
+

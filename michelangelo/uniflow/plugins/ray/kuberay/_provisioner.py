@@ -65,6 +65,8 @@ class KubeRaySettings:
     # How this client reaches the head otherwise: "pod" (its address), "port-forward" (through
     # the API server), or "auto": the pod's address when it answers from here, else forward.
     head_access: str = "auto"
+    # Where RayServices expose Serve on the nodes (the sandbox maps it to 127.0.0.1:8000).
+    serve_node_port: int | None = None
 
     def __post_init__(self) -> None:
         if self.head_access not in HEAD_ACCESS:

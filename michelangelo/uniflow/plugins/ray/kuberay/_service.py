@@ -2,24 +2,43 @@
 
 The deployment description is the same plain value the local ``deploy`` hands to Ray Serve
 (``michelangelo.lib.serving``); here it becomes ``serveConfigV2``, with the HTTP proxy bound to
-every interface of the head pod (the Service in front of it decides who can reach it).
+every interface of the head pod (the Service in front of it decides who can reach it). A
+RayService outlives the run that made it: it carries no expiry, and ``clusters gc`` (which
+removes run clusters) leaves it and the clusters KubeRay makes for it alone.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import yaml
 
+from michelangelo.uniflow.core.errors import ClusterError
 from michelangelo.uniflow.plugins.ray._config import RayTask
 from michelangelo.uniflow.plugins.ray.kuberay._kube import KubeApi
-from michelangelo.uniflow.plugins.ray.kuberay._manifest import HEAD_PORTS, ray_cluster_manifest
+from michelangelo.uniflow.plugins.ray.kuberay._manifest import (
+    HEAD_PORTS,
+    MANAGED_LABEL,
+    ray_cluster_manifest,
+)
+from michelangelo.uniflow.plugins.ray.kuberay._provisioner import (
+    DEADLINE_ENV,
+    fatal_reason,
+    pending_reasons,
+)
+
+SERVING = "uniflow-serving"  # MANAGED_LABEL value of RayServices (run clusters: "uniflow")
+_POLL_S = 1.0
 
 
 def ray_service_manifest(serve_config: dict[str, Any], task: RayTask, *, name: str,
                          namespace: str = "default", image: str | None = None,
                          labels: dict[str, str] | None = None,
-                         storage_secret: str | None = None) -> dict[str, Any]:
+                         storage_secret: str | None = None,
+                         working_dir: str | None = None,
+                         serve_node_port: int | None = None) -> dict[str, Any]:
     """A ``ray.io/v1`` ``RayService`` serving ``serve_config`` on a cluster shaped like ``task``.
 
     Args:
@@ -30,21 +49,40 @@ def ray_service_manifest(serve_config: dict[str, Any], task: RayTask, *, name: s
         image: Ray image of every node (default: this client's Ray and Python).
         labels: Extra labels.
         storage_secret: Secret with the storage credentials the replicas need to read weights.
+        working_dir: A zip URI (``s3://``, ``gs://``, ``file://``) every application runs in,
+            e.g. the project that defines the model factory.
+        serve_node_port: Expose the Serve proxy on this NodePort (a host-mapped sandbox).
     """
     cluster = ray_cluster_manifest(task, name=name, namespace=namespace, image=image,
                                    labels=labels, storage_secret=storage_secret)
     config = dict(serve_config)
     config["http_options"] = {**config.get("http_options", {}), "host": "0.0.0.0",
                               "port": HEAD_PORTS["serve"]}
+    if working_dir:
+        config["applications"] = [
+            {**app, "runtime_env": {**app.get("runtime_env", {}), "working_dir": working_dir}}
+            for app in config.get("applications", [])]
+    spec: dict[str, Any] = {
+        "serveConfigV2": yaml.safe_dump(config, sort_keys=False),
+        "rayClusterConfig": cluster["spec"],
+    }
+    if serve_node_port is not None:
+        spec["serveService"] = {"spec": {"type": "NodePort", "ports": [{
+            "name": "serve", "port": HEAD_PORTS["serve"], "targetPort": HEAD_PORTS["serve"],
+            "nodePort": serve_node_port}]}}
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayService",
-        "metadata": cluster["metadata"],
-        "spec": {
-            "serveConfigV2": yaml.safe_dump(config, sort_keys=False),
-            "rayClusterConfig": cluster["spec"],
-        },
+        "metadata": {"name": name, "namespace": namespace,
+                     "labels": {**cluster["metadata"]["labels"], MANAGED_LABEL: SERVING}},
+        "spec": spec,
     }
+
+
+def service_cluster(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The RayCluster a RayService manifest asks KubeRay for (for the fit check)."""
+    return {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": manifest["metadata"],
+            "spec": manifest["spec"]["rayClusterConfig"]}
 
 
 def apply_ray_service(api: KubeApi, manifest: dict[str, Any]) -> dict[str, Any]:
@@ -58,13 +96,84 @@ def apply_ray_service(api: KubeApi, manifest: dict[str, Any]) -> dict[str, Any]:
     return api.replace(updated)
 
 
+def service_ready(obj: dict[str, Any]) -> bool:
+    """Ready for the spec last written: KubeRay has seen it, serves it and is not upgrading."""
+    status = obj.get("status") or {}
+    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
+    seen = status.get("observedGeneration", 0) >= obj["metadata"].get("generation", 0)
+    return seen and conditions.get("Ready") == "True" and \
+        conditions.get("UpgradeInProgress") != "True"
+
+
 def service_status(obj: dict[str, Any]) -> str:
     """A one-line account of a RayService's state for the console."""
     status = obj.get("status") or {}
-    conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
-    ready = conditions.get("Ready") == "True"
-    upgrading = conditions.get("UpgradeInProgress") == "True"
-    name = obj["metadata"]["name"]
-    state = "ready" if ready else "upgrading" if upgrading else "not ready yet"
-    return f"RayService {obj['metadata'].get('namespace', 'default')}/{name}: {state}; " \
-           f"endpoint http://{name}-serve-svc:{HEAD_PORTS['serve']}/"
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    upgrading = (conditions.get("UpgradeInProgress") or {}).get("status") == "True"
+    state = "ready" if service_ready(obj) else "upgrading" if upgrading else "not ready yet"
+    apps = (status.get("activeServiceStatus") or {}).get("applicationStatuses") or {}
+    details = ", ".join(f"{name} {(app or {}).get('status', '?')}" for name, app in apps.items())
+    meta = obj["metadata"]
+    return f"RayService {meta.get('namespace', 'default')}/{meta['name']}: {state}" + \
+        (f" ({details})" if details else "")
+
+
+def service_url(name: str, namespace: str, route: str = "/") -> str:
+    """The endpoint inside the Kubernetes cluster (the Serve Service KubeRay makes)."""
+    return f"http://{name}-serve-svc.{namespace}.svc:{HEAD_PORTS['serve']}{route}"
+
+
+def wait_for_service(api: KubeApi, name: str, namespace: str, *, deadline_s: float,
+                     on_progress: Callable[[str], None]) -> dict[str, Any]:
+    """Wait until the RayService serves its current spec; fail on pods that cannot start.
+
+    Raises:
+        ClusterError: A pod of its cluster cannot start, or the deadline passed (with the
+            state it was in and the reasons its pods waited).
+    """
+    deadline = time.monotonic() + deadline_s
+    last, seen = "", []
+    while True:
+        obj = api.get("RayService", name, namespace)
+        if obj is None:
+            raise ClusterError(f"RayService {namespace}/{name} was deleted while rolling out.")
+        status = obj.get("status") or {}
+        clusters = {s.get("rayClusterName") for s in (status.get("activeServiceStatus"),
+                                                      status.get("pendingServiceStatus")) if s}
+        pods = [p for c in sorted(c for c in clusters if c)
+                for p in api.pods(namespace, f"ray.io/cluster={c}")]
+        names = {p["metadata"]["name"] for p in pods}
+        events = [e for e in api.events(namespace)
+                  if (e.get("involvedObject") or {}).get("name") in names | {name}]
+        reasons = pending_reasons(pods, events)
+        seen += [r for r in reasons if r not in seen]
+        failed = _failed_application(status)
+        if failed:
+            raise ClusterError(f"RayService {namespace}/{name}: Serve could not deploy "
+                               f"{failed}. Fix the revision or the deployment and deploy again.")
+        fatal = fatal_reason(pods)
+        if fatal:
+            raise ClusterError(f"RayService {namespace}/{name} cannot start: {fatal}. Fix the "
+                               "image or the deploying task's RayTask.")
+        line = service_status(obj) + (f" ({'; '.join(reasons)})" if reasons else "")
+        if line != last:
+            on_progress(line)
+            last = line
+        if service_ready(obj):
+            return obj
+        if time.monotonic() > deadline:
+            raise ClusterError(
+                f"RayService {namespace}/{name} did not serve within {deadline_s:.0f}s "
+                f"({DEADLINE_ENV}); last state: {service_status(obj)}. Reasons seen: "
+                f"{'; '.join(seen) or 'none'}.")
+        time.sleep(_POLL_S)
+
+
+def _failed_application(status: dict[str, Any]) -> str | None:
+    """``'app: message'`` for an application Serve gave up deploying, if any."""
+    for side in ("pendingServiceStatus", "activeServiceStatus"):
+        apps = (status.get(side) or {}).get("applicationStatuses") or {}
+        for name, app in apps.items():
+            if (app or {}).get("status") == "DEPLOY_FAILED":
+                return f"{name}: {(app.get('message') or 'no message').strip()[-1500:]}"
+    return None

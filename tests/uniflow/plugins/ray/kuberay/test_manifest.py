@@ -162,6 +162,18 @@ def test_ray_service_renders_the_serving_description_and_validates():
     assert config["http_options"] == {"host": "0.0.0.0", "port": 8000}
     cluster = manifest["spec"]["rayClusterConfig"]
     assert cluster["workerGroupSpecs"][0]["replicas"] == 4
+    # a lasting endpoint: no expiry, and not one of the run clusters `clusters gc` removes
+    assert manifest["metadata"]["labels"]["uniflow.michelangelo.ai/managed-by"] == \
+        "uniflow-serving"
+    assert "annotations" not in manifest["metadata"]
+
+    sandboxed = ray_service_manifest(description.to_serve_config(), TASKS["cpu-only"],
+                                     name="churn-serve", working_dir="s3://b/project.zip",
+                                     serve_node_port=30800)
+    assert problems(sandboxed) == []
+    app = yaml.safe_load(sandboxed["spec"]["serveConfigV2"])["applications"][0]
+    assert app["runtime_env"] == {"working_dir": "s3://b/project.zip"}
+    assert sandboxed["spec"]["serveService"]["spec"]["ports"][0]["nodePort"] == 30800
 
 
 def test_head_node_ports_for_a_host_mapped_sandbox():
