@@ -4,7 +4,9 @@ Starts etcd, kube-apiserver and kube-scheduler (built by tools/build_k8s_control
 two Node objects served by the kubelet test double and the KubeRay operator test double, then
 provisions a RayTask's cluster with the real provisioner and prints, per run, the seconds from
 creation to each phase: scheduled, head ready, all ready (every Ray node alive), first task
-(a no-op Ray job finished through the Jobs API) and deleted (pods gone).
+(a no-op Ray job finished through the Jobs API) and deleted (pods gone). It also times one
+dashboard request by the head pod's address against the same request through the API server's
+port-forward, side by side.
 
     .venv/bin/python bench/bench_kuberay.py [--runs 2]
 """
@@ -41,6 +43,7 @@ def one_run(api, index: int) -> dict[str, float]:
                              task_name="bench", api=api)
     try:
         cluster.start()
+        latency = request_latency(api, cluster)
         jobs = JobsCluster(cluster.address)
         status, _ = jobs.run_job(entrypoint="python -c pass", runtime_env={},
                                  submission_id=f"bench-{index}-{os.getpid()}",
@@ -53,7 +56,28 @@ def one_run(api, index: int) -> dict[str, float]:
         time.sleep(0.2)
     cluster.timeline["deleted"] = time.time()
     created = cluster.timeline["created"]
-    return {phase: cluster.timeline[phase] - created for phase in PHASES}
+    return {**{phase: cluster.timeline[phase] - created for phase in PHASES}, **latency}
+
+
+def request_latency(api, cluster, requests: int = 40) -> dict[str, float]:
+    """Median ms of one dashboard request, by the head pod's address and through the API
+    server's port-forward (a new connection, hence a new stream, per request), alternated."""
+    import urllib.request
+
+    forward = api.port_forward(cluster.namespace, cluster._current_head, 8265)
+    urls = {"pod address ms": f"http://{cluster.head_ip}:8265/api/version",
+            "port-forward ms": f"{forward.url}/api/version"}
+    times: dict[str, list[float]] = {key: [] for key in urls}
+    try:
+        for _ in range(requests):
+            for key, url in urls.items():
+                started = time.perf_counter()
+                with urllib.request.urlopen(url, timeout=10) as response:
+                    response.read()
+                times[key].append((time.perf_counter() - started) * 1000)
+    finally:
+        forward.close()
+    return {key: statistics.median(values) for key, values in times.items()}
 
 
 def main() -> None:
@@ -86,6 +110,14 @@ def main() -> None:
         medians[phase] = statistics.median(values)
         print(f"{phase:<12} " + " ".join(f"{v:6.1f}" for v in values)
               + f"   {medians[phase]:6.1f}")
+    print("\none dashboard request, median ms per run (40 alternated requests each):")
+    for key in ("pod address ms", "port-forward ms"):
+        medians[key] = statistics.median(run[key] for run in runs)
+        print(f"  {key:<16} " + " ".join(f"{run[key]:6.1f}" for run in runs)
+              + f"   {medians[key]:6.1f}")
+    ratio = medians["port-forward ms"] / medians["pod address ms"]
+    print(f"  port-forward / pod address: {ratio:.1f}x")
+    medians["port-forward ratio"] = ratio
     write_results("kuberay_timeline", {"runs": runs, "median_s": medians})
 
 

@@ -56,8 +56,16 @@ quickstart = _load_quickstart()
 @pytest.fixture(scope="module")
 def ray_cluster():
     start_test_ray(num_cpus=4)
-    yield
-    ray.shutdown()
+    # Two passes over one dataset are compared below; Ray Data may hand blocks over in another
+    # order each time on a loaded machine (preserve_order is off by default), so pin it.
+    context = ray.data.DataContext.get_current()
+    before = context.execution_options.preserve_order
+    context.execution_options.preserve_order = True
+    try:
+        yield
+    finally:
+        context.execution_options.preserve_order = before
+        ray.shutdown()
 
 
 @pytest.fixture(autouse=True)
