@@ -109,9 +109,12 @@ def test_serve_answers_then_ctrl_c_leaves_no_ray_process(tmp_path, cli_env, monk
 
     port = free_port()
     env = dict(cli_env, PYTHONPATH=os.pathsep.join([str(tmp_path), cli_env.get("PYTHONPATH", "")]))
+    # As in a terminal, where Ctrl-C reaches the program: a test runner started in the
+    # background may hand its children an ignored SIGINT, which Python then keeps ignoring.
     proc = subprocess.Popen([BIN, "serve", "cli/lin:1",
                              "--port", str(port), "--registry", registry.url],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []
     try:
         deadline = time.monotonic() + 540
