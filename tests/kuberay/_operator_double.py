@@ -22,7 +22,10 @@ from typing import Any
 
 from kubernetes import client
 
-from tests.kuberay._rayservice_operator_double import RayServiceControllerDouble
+from tests.kuberay._rayservice_operator_double import (
+    RayServiceControllerDouble,
+    lift_foreground_finalizer,
+)
 
 
 class OperatorDouble:
@@ -187,9 +190,4 @@ class OperatorDouble:
                                                  _preload_content=False)
         if pods:
             return  # the kubelet double removes them once their processes are gone
-        finalizers = [f for f in cluster["metadata"].get("finalizers") or []
-                      if f != "foregroundDeletion"]
-        with contextlib.suppress(client.ApiException):
-            self._custom.patch_namespaced_custom_object(
-                "ray.io", "v1", self.namespace, "rayclusters", name,
-                {"metadata": {"finalizers": finalizers}})
+        lift_foreground_finalizer(self._custom, self.namespace, "rayclusters", cluster)

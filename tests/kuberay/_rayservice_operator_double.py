@@ -198,9 +198,16 @@ class RayServiceControllerDouble:
                                                  _preload_content=False)
         if owned:
             return  # their pods go first (the RayCluster collector and the kubelet double)
-        finalizers = [f for f in service["metadata"].get("finalizers") or []
-                      if f != "foregroundDeletion"]
-        with contextlib.suppress(client.ApiException):
-            self._custom.patch_namespaced_custom_object(
-                "ray.io", "v1", self.namespace, "rayservices", name,
-                {"metadata": {"finalizers": finalizers}})
+        lift_foreground_finalizer(self._custom, self.namespace, "rayservices", service)
+
+
+def lift_foreground_finalizer(custom: client.CustomObjectsApi, namespace: str, plural: str,
+                              obj: dict[str, Any]) -> None:
+    """What the garbage collector does once an object's dependents are gone: drop the
+    ``foregroundDeletion`` finalizer, so the API server removes the object."""
+    finalizers = [f for f in obj["metadata"].get("finalizers") or []
+                  if f != "foregroundDeletion"]
+    with contextlib.suppress(client.ApiException):
+        custom.patch_namespaced_custom_object(
+            "ray.io", "v1", namespace, plural, obj["metadata"]["name"],
+            {"metadata": {"finalizers": finalizers}})
