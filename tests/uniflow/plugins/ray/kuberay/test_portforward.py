@@ -59,6 +59,13 @@ def _roundtrip(forward: PortForward, payload: bytes) -> bytes:
             return b""
 
 
+def _wait_for(condition, timeout_s: float = 10.0) -> None:
+    """Until ``condition()`` holds (the listener's threads set what the tests read)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def test_bytes_travel_on_the_data_channel_and_port_frames_carry_none():
     opened: list[tuple[str, int]] = []
 
@@ -82,9 +89,7 @@ def test_error_channel_text_is_kept_and_the_connection_ends():
                           8265).start()
     try:
         assert _roundtrip(forward, b"fail") == b""
-        deadline = time.monotonic() + 10
-        while forward.last_error is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_for(lambda: forward.last_error is not None)
         assert forward.last_error == "boom"
         assert forward.refused is None
     finally:
@@ -116,9 +121,7 @@ def test_a_refused_stream_is_marked_so_the_wait_can_end_at_once():
     forward = PortForward(open_stream, lambda: "h", 8265).start()
     try:
         assert _roundtrip(forward, b"x") == b""
-        deadline = time.monotonic() + 10
-        while forward.refused is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _wait_for(lambda: forward.refused is not None)
         assert forward.refused == 'pods "h" is forbidden: no portforward for you'
         assert "403" in (forward.last_error or "")
     finally:
