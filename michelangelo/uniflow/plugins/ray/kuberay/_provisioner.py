@@ -239,9 +239,7 @@ class KubeRayCluster(RayCluster):
             time.sleep(_POLL_S)
 
     def _events(self, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        names = {p["metadata"]["name"] for p in pods} | {self.name}
-        return [e for e in self.api.events(self.namespace)
-                if (e.get("involvedObject") or {}).get("name") in names]
+        return events_about(self.api, self.namespace, pods, self.name)
 
     def _head_url(self, pods: list[dict[str, Any]]) -> str | None:
         """The dashboard URL: a configured host mapping, the head pod's address, or a forward."""
@@ -311,6 +309,14 @@ def fatal_reason(pods: list[dict[str, Any]]) -> str | None:
             if reason == "CrashLoopBackOff" and cs.get("restartCount", 0) >= CRASH_LOOP_RESTARTS:
                 return f"{name}: CrashLoopBackOff after {cs['restartCount']} restarts: {message}"
     return None
+
+
+def events_about(api: KubeApi, namespace: str, pods: list[dict[str, Any]],
+                 owner: str) -> list[dict[str, Any]]:
+    """The namespace's Events about ``pods`` or the object ``owner`` names."""
+    names = {p["metadata"]["name"] for p in pods} | {owner}
+    return [e for e in api.events(namespace)
+            if (e.get("involvedObject") or {}).get("name") in names]
 
 
 def pending_reasons(pods: list[dict[str, Any]], events: list[dict[str, Any]]) -> list[str]:

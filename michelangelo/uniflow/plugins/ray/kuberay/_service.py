@@ -25,6 +25,7 @@ from michelangelo.uniflow.plugins.ray.kuberay._manifest import (
 )
 from michelangelo.uniflow.plugins.ray.kuberay._provisioner import (
     DEADLINE_ENV,
+    events_about,
     fatal_reason,
     pending_reasons,
 )
@@ -142,10 +143,7 @@ def wait_for_service(api: KubeApi, name: str, namespace: str, *, deadline_s: flo
                                                       status.get("pendingServiceStatus")) if s}
         pods = [p for c in sorted(c for c in clusters if c)
                 for p in api.pods(namespace, f"ray.io/cluster={c}")]
-        names = {p["metadata"]["name"] for p in pods}
-        events = [e for e in api.events(namespace)
-                  if (e.get("involvedObject") or {}).get("name") in names | {name}]
-        reasons = pending_reasons(pods, events)
+        reasons = pending_reasons(pods, events_about(api, namespace, pods, name))
         seen += [r for r in reasons if r not in seen]
         failed = _failed_application(status)
         if failed:
