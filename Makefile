@@ -21,7 +21,7 @@ browser:
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	# torch first, pinned: the CPU build this machine provides (an unpinned torch pulls CUDA).
+	# torch first, pinned: PyPI's build of 2.13.0 (CUDA wheels included; it runs on the CPU).
 	$(BIN)/python -m pip install --quiet -c constraints.txt "torch==2.13.0"
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[$(EXTRAS)]"
 	touch $(STAMP)
