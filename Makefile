@@ -35,10 +35,14 @@ k8s:
 	bash tools/build_k8s_control_plane.sh
 
 # The KubeRay tests run in a pytest process of their own: their session keeps a control plane
-# and two test doubles running, which no other test should share.
+# and two test doubles running, which no other test should share. They run even when the main
+# run fails (so one failure does not hide the rest), and make still fails if either did.
 test: setup k8s
-	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider --ignore=tests/kuberay
-	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider tests/kuberay
+	@status=0; \
+	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider --ignore=tests/kuberay \
+	  || status=$$?; \
+	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider tests/kuberay || status=$$?; \
+	exit $$status
 
 bench: setup
 	bash bench/run_all.sh
