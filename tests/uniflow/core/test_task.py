@@ -72,12 +72,13 @@ def test_timeout_stops_a_slow_task():
 
     @uniflow.task(timeout=0.3)
     def slow() -> None:
-        time.sleep(5)
+        time.sleep(300)
 
     start = time.monotonic()
     with pytest.raises(uniflow.TaskTimeoutError, match="timeout of 0.3s"):
         _ctx().run(slow)
-    assert time.monotonic() - start < 4
+    # Stopped, not waited for: far below the body's 300 s whatever the machine's load.
+    assert time.monotonic() - start < 150
 
 
 @pytest.mark.parametrize(
