@@ -33,8 +33,8 @@ from michelangelo.lib.trainer.torch.pytorch_lightning.schema import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["IncrementalPlan", "incremental_callback", "load_revision", "plan_incremental",
-           "read_revision"]
+__all__ = ["IncrementalPlan", "check_revision_fits", "incremental_callback", "load_revision",
+           "plan_incremental", "read_revision"]
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,9 @@ class IncrementalPlan:
     load_optimizer: bool
     start_epoch: int
     global_step: int
-    # When the weights are loaded on a worker (``_model_stages.BEFORE`` or ``AFTER``).
-    stage: str = BEFORE
+    # When the weights are loaded on a worker (``_model_stages.BEFORE`` or ``AFTER``); None
+    # when the driver could not tell (the workers decide from the model they build).
+    stage: str | None = BEFORE
 
 
 def _single_copy_optimizer(strategy: Any) -> bool:
@@ -110,7 +111,7 @@ def plan_incremental(spec: IncrementalTrainingSpec | None, models: MetaModels, r
     stored_shapes = registry.weights_shapes(target)
     fits = first_stage_that_fits(models,
                                  lambda model: _check_fit(model, stored_shapes, revision.name))
-    stage = fits[0] if fits is not None else BEFORE
+    stage = fits[0] if fits is not None else None
     override = spec.override_incremental_training_epoch
     start = override if override is not None else int(kept.get("epoch", 0))
     max_epochs = resolved.trainer_kwargs.get("max_epochs")
@@ -182,6 +183,11 @@ def read_revision(plan: IncrementalPlan, rank: int, world_size: int) -> dict[str
     """The revision's weights, read on rank 0 and broadcast."""
     return read_baseline(plan.registry_url, plan.baseline, rank, world_size,
                          "IncrementalTrainingSpec")
+
+
+def check_revision_fits(model: Any, weights: dict[str, Any]) -> None:
+    """Raise ValueError unless every tensor of ``model`` is in ``weights`` with its shape."""
+    _check_fit(model, {k: tuple(v.shape) for k, v in weights.items()}, "(as read)")
 
 
 def load_revision(model: Any, weights: dict[str, Any]) -> None:

@@ -24,10 +24,9 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._inmemory_data import (
 )
 from michelangelo.lib.trainer.torch.pytorch_lightning._lightning_kwargs import ResolvedKwargs
 from michelangelo.lib.trainer.torch.pytorch_lightning._model_stages import (
-    AFTER,
     BEFORE,
-    has_configure_model,
     run_after_configure,
+    stage_on_worker,
 )
 from michelangelo.lib.trainer.torch.pytorch_lightning._reporting import (
     CHECKPOINT_NAME,
@@ -39,7 +38,11 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start import (
     apply_warm_start,
     at_stage,
 )
-from michelangelo.lib.trainer.torch.pytorch_lightning._weights import load_initial_weights
+from michelangelo.lib.trainer.torch.pytorch_lightning._weights import (
+    apply_initial_weights,
+    check_initial_weights_fit,
+    read_initial_weights,
+)
 from michelangelo.lib.trainer.torch.pytorch_lightning.schema import TransferLearningSpec
 
 logger = logging.getLogger(__name__)
@@ -79,6 +82,10 @@ class WorkerSpec:
     metrics_url: str | None = None
     # Registry warm starts (see _warm_start): baselines resolved on the driver.
     warm_start: Any = None
+    # The memory preflight of the configured model, when only workers can configure it.
+    memory_check: Any = None
+    # When initial_weights_path applies (``_model_stages``); None: this worker decides.
+    initial_weights_stage: str | None = None
     # In memory: each rank's block refs per dataset, split on the driver (None: Ray's shards).
     shard_blocks: dict[str, list[list[Any]]] | None = None
 
@@ -129,14 +136,23 @@ def _build_model(spec: WorkerSpec, rank: int, world_size: int) -> tuple[Any, lis
             "pytorch_lightning.LightningModule. Fix: return a LightningModule (import "
             "pytorch_lightning, not lightning.pytorch)."
         )
-    if spec.initial_weights_path:
-        load_initial_weights(model, spec.initial_weights_path, rank, world_size)
     later: list[Callable[[], None]] = []  # steps that need the layers configure_model() builds
+    path = spec.initial_weights_path
+    if path:
+        weights = read_initial_weights(path, rank, world_size)
+        stage = spec.initial_weights_stage or stage_on_worker(
+            model, lambda m: check_initial_weights_fit(m, weights, path))
+        at_stage(stage, lambda: apply_initial_weights(model, weights, path, rank), later)
     start_callbacks = apply_warm_start(model, spec.warm_start, rank, world_size, later)
     at_stage(_freeze_stage(model, spec), lambda: _freeze(model, spec, rank), later)
-    if later:
-        start_callbacks.append(
-            run_after_configure(model, lambda: [step() for step in later]))
+    if spec.memory_check is not None:
+        later.append(lambda: spec.memory_check.run(model))
+    after = run_after_configure(model, lambda: [step() for step in later], rank)
+    if later and after is None:  # no configure_model(): the model is complete already
+        for step in later:
+            step()
+    elif later:
+        start_callbacks.append(after)
     return model, start_callbacks
 
 
@@ -145,13 +161,9 @@ def _freeze_stage(model: Any, spec: WorkerSpec) -> str:
         return spec.freeze_stage or BEFORE
     if not spec.transfer_learning_spec.freezes:
         return BEFORE
-    try:  # the driver could not build the model: decide from this worker's names
-        frozen_names([n for n, _ in model.named_parameters()], spec.transfer_learning_spec)
-        return BEFORE
-    except ValueError:
-        if not has_configure_model(model):
-            raise
-        return AFTER
+    # The driver could not place it: decide from this worker's names.
+    return stage_on_worker(model, lambda m: frozen_names(
+        [n for n, _ in m.named_parameters()], spec.transfer_learning_spec))
 
 
 def _freeze(model: Any, spec: WorkerSpec, rank: int) -> None:

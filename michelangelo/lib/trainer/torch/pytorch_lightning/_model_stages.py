@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 
 from michelangelo.lib.trainer.torch.pytorch_lightning._preflight import build_meta_model
 
-__all__ = ["AFTER", "BEFORE", "MetaModels", "first_stage_that_fits", "has_configure_model",
-           "run_after_configure"]
+__all__ = ["AFTER", "BEFORE", "ConfigureModelError", "MetaModels", "first_stage_that_fits", "has_configure_model",
+           "run_after_configure", "stage_on_worker"]
 
 BEFORE = "before_configure_model"
 AFTER = "after_configure_model"
@@ -55,6 +55,16 @@ class MetaModels:
             return self.raw
         return build_meta_model(self._fn, self._kwargs, configure=True)
 
+    @property
+    def configured_unknown(self) -> bool:
+        """The factory built here but ``configure_model()`` could not run on the driver.
+
+        The configured shape is then known only on the workers, so any decision about it
+        (memory estimate, the stage a warm start or freeze applies at) is made there.
+        """
+        return (self.raw is not None and has_configure_model(self.raw)
+                and self.configured is None)
+
     def stages(self) -> list[tuple[str, Any]]:
         """``(stage, model)`` for each distinct, buildable shape, ``BEFORE`` first."""
         out = [(BEFORE, self.raw)] if self.raw is not None else []
@@ -68,7 +78,9 @@ def first_stage_that_fits(models: MetaModels, check: Callable[[Any], T]
     """The first stage whose model ``check`` accepts, and what it returned.
 
     Returns:
-        None when the model cannot be built on the driver (the workers decide).
+        None when the model cannot be built on the driver, or when the model as the factory
+        returns it does not fit and its ``configure_model()`` can only run on the workers
+        (the workers decide).
 
     Raises:
         ValueError: No stage fits. The error is the one about the model as the factory
@@ -81,7 +93,7 @@ def first_stage_that_fits(models: MetaModels, check: Callable[[Any], T]
             return stage, check(model)
         except ValueError as error:
             errors.append((model, error))
-    if not errors:
+    if not errors or models.configured_unknown:
         return None
     model, error = errors[0]
     if len(errors) > 1 and not model.state_dict():
@@ -89,21 +101,58 @@ def first_stage_that_fits(models: MetaModels, check: Callable[[Any], T]
     raise error
 
 
-def run_after_configure(model: Any, action: Callable[[], None]) -> Any:
-    """Run ``action`` once, right after the worker's ``configure_model()`` returns.
+def stage_on_worker(model: Any, check: Callable[[Any], object]) -> str:
+    """The stage for a step the driver could not place, from this worker's model.
+
+    ``BEFORE`` when ``check`` accepts the model as the factory returned it; otherwise ``AFTER``
+    if the model has a ``configure_model()`` (its layers may appear there, where the step is
+    checked again as it runs).
+
+    Raises:
+        ValueError: ``check``'s error, when the model has no ``configure_model()``.
+    """
+    try:
+        check(model)
+        return BEFORE
+    except ValueError:
+        if not has_configure_model(model):
+            raise
+        return AFTER
+
+
+class ConfigureModelError(RuntimeError):
+    """The user's ``configure_model()`` raised on a worker (the original is chained)."""
+
+
+def run_after_configure(model: Any, action: Callable[[], None], rank: int = 0) -> Any | None:
+    """Name the hook in its errors, and run ``action`` once right after it returns.
+
+    A model without its own ``configure_model()`` is left alone (Lightning does not call
+    the hook then); ``action`` must then have nothing to do.
 
     Returns:
         A Lightning callback that fails the fit if ``configure_model()`` never ran (so a
-        planned step can never be skipped without a sign).
+        planned step can never be skipped without a sign), or None for a model without the
+        hook.
     """
     import pytorch_lightning as pl
 
+    if not has_configure_model(model):
+        return None
     original = model.configure_model
     state = {"done": False}
+    owner = type(model).__qualname__
 
     @functools.wraps(original)
     def configure_model() -> None:
-        original()
+        try:
+            original()
+        except Exception as error:
+            raise ConfigureModelError(
+                f"{owner}.configure_model() raised {type(error).__name__}: {error} on worker "
+                f"rank {rank}. Lightning calls this hook on every worker once the process "
+                "group and device mesh exist. Fix: correct configure_model() (the chained "
+                "traceback shows the line).") from error
         if not state["done"]:
             state["done"] = True
             action()

@@ -30,6 +30,7 @@ BYTES_PER_PARAM = 16
 WARN_FRACTION = 0.8
 
 __all__ = [
+    "DeferredMemoryCheck",
     "MemoryEstimate",
     "build_meta_model",
     "cannot_build_here",
@@ -61,8 +62,12 @@ def build_meta_model(create_model_fn: Any, kwargs: dict[str, Any], configure: bo
     layers created or wrapped there included); without it, the model as the factory returns it.
 
     Failures that come from building on the meta device or on the driver (see
-    :func:`cannot_build_here`) skip the preflight with a DEBUG log; any other exception is the
-    factory's own bug or a bad argument, which every worker would hit too.
+    :func:`cannot_build_here`) skip the preflight with a DEBUG log; any other exception from
+    the factory is its own bug or a bad argument, which every worker would hit too. An
+    exception from ``configure_model()`` never fails the driver: the hook may use what only
+    the distributed run has (``self.device_mesh``, ``self.trainer``, a process group), so the
+    build is skipped with a DEBUG log and the decisions it fed move to the workers, where an
+    error in the hook names it (see ``_model_stages.run_after_configure``).
 
     Raises:
         ValueError: The factory raised for another reason, or returned something that is not a
@@ -74,9 +79,6 @@ def build_meta_model(create_model_fn: Any, kwargs: dict[str, Any], configure: bo
     try:
         with torch.device("meta"):
             model = create_model_fn(**kwargs)
-            hook = getattr(model, "configure_model", None)
-            if configure and callable(hook):
-                hook()
     except Exception as error:  # noqa: BLE001 - sorted below: skip or surface
         if not cannot_build_here(error):
             name = getattr(create_model_fn, "__qualname__", repr(create_model_fn))
@@ -96,6 +98,17 @@ def build_meta_model(create_model_fn: Any, kwargs: dict[str, Any], configure: bo
             "pytorch_lightning.LightningModule. Fix: return a LightningModule (import "
             "pytorch_lightning, not lightning.pytorch)."
         )
+    if configure and callable(getattr(model, "configure_model", None)):
+        try:
+            with torch.device("meta"):
+                model.configure_model()
+        except Exception as error:  # noqa: BLE001 - the workers run the hook for real
+            logger.debug(
+                "%s.configure_model() did not run on the driver (%s: %s); it may need the "
+                "distributed run (device_mesh, trainer, process group). The memory estimate "
+                "and warm-start/freeze stage of the configured model are decided on the "
+                "workers.", type(model).__name__, type(error).__name__, error)
+            return None
     return model
 
 
@@ -164,26 +177,15 @@ def worker_budget(scaling_config: Any) -> tuple[int, str] | None:
     task = current_ray_task()
     if task is None or task.parsed("worker_memory") is None:
         return None
-    workers = scaling_config.num_workers
-    workers = workers[1] if isinstance(workers, tuple) else workers
+    workers = _workers(scaling_config)
     # Workers spread over the worker nodes; those sharing a node share its memory.
     per_node = math.ceil(max(workers, 1) / max(task.worker_instances, 1))
     budget = int(task.parsed("worker_memory")) // per_node
     return budget, f"RayTask worker_memory / {per_node} worker(s) per node"
 
 
-def check_memory(parameters: int, strategy: Any, scaling_config: Any) -> MemoryEstimate | None:
-    """Warn above 80% of a worker's budget; raise above 100%.
-
-    Raises:
-        ValueError: The persistent state alone exceeds the budget.
-    """
-    budget = worker_budget(scaling_config)
-    if budget is None:
-        logger.debug("Memory preflight skipped: no per-worker memory is declared")
-        return None
-    workers = scaling_config.num_workers
-    workers = workers[1] if isinstance(workers, tuple) else workers
+def _judge(parameters: int, strategy: Any, workers: int, budget: tuple[int, str]
+           ) -> MemoryEstimate:
     estimate = MemoryEstimate(
         parameters, estimate_bytes(parameters, strategy, workers), budget[0], budget[1]
     )
@@ -200,5 +202,58 @@ def check_memory(parameters: int, strategy: Any, scaling_config: Any) -> MemoryE
         )
     if estimate.fraction > WARN_FRACTION:
         warnings.warn(f"Memory preflight: {text}; little room is left for activations. "
-                      "Consider a sharding strategy or more memory.", UserWarning, stacklevel=3)
+                      "Consider a sharding strategy or more memory.", UserWarning, stacklevel=4)
     return estimate
+
+
+def _workers(scaling_config: Any) -> int:
+    workers = scaling_config.num_workers
+    return workers[1] if isinstance(workers, tuple) else workers
+
+
+def check_memory(parameters: int, strategy: Any, scaling_config: Any) -> MemoryEstimate | None:
+    """Warn above 80% of a worker's budget; raise above 100%.
+
+    Raises:
+        ValueError: The persistent state alone exceeds the budget.
+    """
+    budget = worker_budget(scaling_config)
+    if budget is None:
+        logger.debug("Memory preflight skipped: no per-worker memory is declared")
+        return None
+    return _judge(parameters, strategy, _workers(scaling_config), budget)
+
+
+@dataclass(frozen=True)
+class DeferredMemoryCheck:
+    """The memory preflight, run on a worker once ``configure_model()`` built the model.
+
+    Used when the driver could not run the hook (it needs the distributed run); the budget is
+    still read on the driver, where the RayTask and ScalingConfig are known.
+    """
+
+    strategy: Any
+    workers: int
+    budget_bytes: int
+    budget_source: str
+
+    @classmethod
+    def plan(cls, strategy: Any, scaling_config: Any) -> DeferredMemoryCheck | None:
+        """The check to run on the workers, or None when no per-worker memory is declared."""
+        budget = worker_budget(scaling_config)
+        if budget is None:
+            return None
+        return cls(strategy, _workers(scaling_config), budget[0], budget[1])
+
+    def run(self, model: Any) -> MemoryEstimate:
+        """Judge ``model`` as configured (FSDP2 ``DTensor`` shards count at their full size).
+
+        Raises:
+            ValueError: The persistent state alone exceeds the budget.
+        """
+        estimate = _judge(count_meta_parameters(model), self.strategy, self.workers,
+                          (self.budget_bytes, self.budget_source))
+        logger.info("Memory preflight (on the worker, after configure_model()): %s "
+                    "parameters, %.0f%% of the budget", f"{estimate.parameters:,}",
+                    100 * estimate.fraction)
+        return estimate

@@ -29,6 +29,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._model_stages import (
 )
 from michelangelo.lib.trainer.torch.pytorch_lightning._param import LightningTrainerParam
 from michelangelo.lib.trainer.torch.pytorch_lightning._preflight import (
+    DeferredMemoryCheck,
     check_memory,
     count_meta_parameters,
 )
@@ -38,7 +39,11 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._resume import (
 )
 from michelangelo.lib.trainer.torch.pytorch_lightning._validation import check_all
 from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start import plan_warm_start
-from michelangelo.lib.trainer.torch.pytorch_lightning._weights import check_weights_path
+from michelangelo.lib.trainer.torch.pytorch_lightning._weights import (
+    check_initial_weights_fit,
+    check_weights_path,
+    local_state_dict_shapes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -84,9 +89,8 @@ class LightningTrainer(TorchTrainer):
         self._own_data_config = dataset_config is not None
         self._resolved = resolve_lightning_kwargs(trainer_param)
         check_all(trainer_param, self._resolved, scaling_config)
-        if trainer_param.initial_weights_path:
-            check_weights_path(trainer_param.initial_weights_path)
         models = MetaModels(trainer_param.create_model_fn, trainer_param.create_model_fn_kwargs)
+        self._weights_stage = _plan_initial_weights(trainer_param.initial_weights_path, models)
         self._preflight_model(models, scaling_config)
         self._warm_start = plan_warm_start(trainer_param, self._resolved, models)
         self._resume_plan = plan_resume(run_config, trainer_param.experiment_store)
@@ -204,6 +208,7 @@ class LightningTrainer(TorchTrainer):
 
     def _preflight_model(self, models: MetaModels, scaling_config: ScalingConfig) -> None:
         self._memory_estimate = None
+        self._deferred_memory_check = None
         self._freeze_stage = None
         spec = self.trainer_param.transfer_learning_spec
         if spec is not None and spec.freezes:
@@ -212,6 +217,9 @@ class LightningTrainer(TorchTrainer):
             self._freeze_stage = fits[0] if fits is not None else None
         model = models.configured  # the whole model, as it trains
         if model is None:
+            if models.configured_unknown:  # configure_model() runs only on the workers
+                self._deferred_memory_check = DeferredMemoryCheck.plan(
+                    self._resolved.strategy, scaling_config)
             return
         self._memory_estimate = check_memory(count_meta_parameters(model),
                                              self._resolved.strategy, scaling_config)
@@ -257,6 +265,8 @@ class LightningTrainer(TorchTrainer):
             in_memory=in_memory,
             shuffle_seed=shuffle_seed(experiment_dir_of(self.run_config)),
             warm_start=self._warm_start,
+            memory_check=self._deferred_memory_check,
+            initial_weights_stage=self._weights_stage,
         )
 
 
@@ -283,3 +293,18 @@ def _metrics_url(run_config: RunConfig, spec: WorkerSpec) -> str | None:
 def _count(dataset: Any, counted: int | None) -> int:
     """Rows of ``dataset``, reusing the count the ingest decision already made."""
     return counted if counted is not None else dataset.count()
+
+
+def _plan_initial_weights(path: str | None, models: MetaModels) -> str | None:
+    """Where ``initial_weights_path`` applies: as the factory returns the model, or after
+    ``configure_model()``; None when only the workers can tell (a URL, a hook that needs the
+    distributed run). Keys that fit neither shape fail here as they would on every worker.
+    """
+    if not path:
+        return None
+    check_weights_path(path)
+    shapes = local_state_dict_shapes(path)
+    if shapes is None:
+        return None
+    fits = first_stage_that_fits(models, lambda m: check_initial_weights_fit(m, shapes, path))
+    return fits[0] if fits is not None else None

@@ -15,6 +15,7 @@ from typing import Any
 
 from michelangelo.lib.trainer.torch.pytorch_lightning._incremental import (
     IncrementalPlan,
+    check_revision_fits,
     incremental_callback,
     load_revision,
     plan_incremental,
@@ -31,7 +32,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._model_stages import (
     AFTER,
     BEFORE,
     MetaModels,
-    has_configure_model,
+    stage_on_worker,
 )
 
 __all__ = ["WarmStart", "apply_warm_start", "at_stage", "plan_warm_start"]
@@ -125,7 +126,10 @@ def apply_warm_start(model: Any, warm: WarmStart | None, rank: int, world_size: 
     callbacks = []
     if warm.incremental is not None:
         revision = read_revision(warm.incremental, rank, world_size)
-        at_stage(warm.incremental.stage, lambda: load_revision(model, revision), later)
+        stage = warm.incremental.stage
+        if stage is None:  # the driver could not place it: decide from this worker's names
+            stage = stage_on_worker(model, lambda m: check_revision_fits(m, revision))
+        at_stage(stage, lambda: load_revision(model, revision), later)
         callbacks.append(incremental_callback(warm.incremental, rank, world_size))
     plan = warm.inherit
     if plan is not None:
@@ -133,13 +137,7 @@ def apply_warm_start(model: Any, warm: WarmStart | None, rank: int, world_size: 
                                  "TransferLearningSpec")
         stage = plan.stage
         if plan.mapping is None and plan.loader is None:
-            # The driver could not build the model: decide from this worker's names.
-            try:
-                worker_mapping(model, plan, baseline)
-                stage = BEFORE
-            except ValueError:
-                if not has_configure_model(model):
-                    raise
-                stage = AFTER
+            # The driver could not place it: decide from this worker's names.
+            stage = stage_on_worker(model, lambda m: worker_mapping(m, plan, baseline))
         at_stage(stage, lambda: apply_inherit(model, plan, rank, world_size, baseline), later)
     return callbacks

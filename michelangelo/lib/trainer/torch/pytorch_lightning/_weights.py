@@ -9,15 +9,16 @@ from __future__ import annotations
 import io
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import fsspec
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_weights_path", "copy_into", "load_initial_weights", "read_on_rank0",
-           "read_state_dict"]
+__all__ = ["apply_initial_weights", "check_initial_weights_fit", "check_weights_path",
+           "copy_into", "load_initial_weights", "local_state_dict_shapes", "read_initial_weights",
+           "read_on_rank0", "read_state_dict"]
 
 
 def _is_local(path: str) -> bool:
@@ -110,14 +111,50 @@ def read_on_rank0(read: Callable[[], Any], rank: int, world_size: int) -> tuple[
     return payload[0]
 
 
-def load_initial_weights(model: Any, path: str, rank: int, world_size: int) -> None:
-    """Load ``path`` into ``model`` on every rank; only ``rank`` 0 touches storage.
+def local_state_dict_shapes(path: str) -> dict[str, tuple[int, ...]] | None:
+    """Tensor shapes in a local weights file, read without loading the data; None if unknown.
 
-    Rank 0 broadcasts either the state dict or its error, so a bad path fails every rank
-    instead of leaving the others waiting in the collective.
+    Only local files are read here (memory-mapped, with torch's restricted unpickler); for a
+    URL, or a file in the legacy format, the workers decide alone.
+    """
+    import torch
+
+    if not _is_local(path):
+        return None
+    local = os.path.expanduser(path[len("file://"):] if path.startswith("file://") else path)
+    try:
+        loaded = torch.load(local, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as error:  # noqa: BLE001 - the workers read it and say what is wrong
+        logger.debug("initial_weights_path %r not read on the driver: %s", path, error)
+        return None
+    if isinstance(loaded, dict) and isinstance(loaded.get("state_dict"), dict):
+        loaded = loaded["state_dict"]
+    if not isinstance(loaded, dict):
+        return None
+    return {k: tuple(v.shape) for k, v in loaded.items() if hasattr(v, "shape")}
+
+
+def check_initial_weights_fit(model: Any, stored: Mapping[str, Any], path: str) -> None:
+    """Raise unless some key of ``stored`` names a tensor of ``model`` (the same on all sides).
 
     Raises:
-        ValueError: The path cannot be read, or no key of the state dict matches the model.
+        ValueError: No key matches the model's tensors.
+    """
+    own = model.state_dict()
+    if stored and not any(key in own for key in stored):
+        raise ValueError(
+            f"LightningTrainerParam.initial_weights_path={path!r}: none of its "
+            f"{len(stored)} keys (e.g. {sorted(stored)[:3]}) match the model's parameters "
+            f"(e.g. {sorted(own)[:3]}). Fix: save the state dict of the same "
+            "module class create_model_fn returns."
+        )
+
+
+def read_initial_weights(path: str, rank: int, world_size: int) -> dict[str, Any]:
+    """Read ``path`` on rank 0 and broadcast it, so a bad path fails every rank.
+
+    Raises:
+        ValueError: The path cannot be read.
     """
     status, value = read_on_rank0(lambda: read_state_dict(path), rank, world_size)
     if status == "error":
@@ -125,18 +162,44 @@ def load_initial_weights(model: Any, path: str, rank: int, world_size: int) -> N
             f"LightningTrainerParam.initial_weights_path={path!r} could not be read on rank 0: "
             f"{value}. Fix: check the path and the workers' access to it."
         )
-    result = model.load_state_dict(value, strict=False)
-    matched = len(value) - len(result.unexpected_keys)
-    if value and matched == 0:
+    return value
+
+
+def apply_initial_weights(model: Any, weights: Mapping[str, Any], path: str, rank: int) -> None:
+    """Copy every tensor of ``weights`` that names one of ``model``'s, in place.
+
+    Like ``load_state_dict(strict=False)``, but the targets may be FSDP2 ``DTensor`` shards
+    (weights applied after ``configure_model()``).
+
+    Raises:
+        ValueError: No key matches, or a matching key has another shape.
+    """
+    import torch
+
+    check_initial_weights_fit(model, weights, path)
+    own = model.state_dict()
+    wrong = [f"{k}: model {list(own[k].shape)} vs file {list(v.shape)}"
+             for k, v in weights.items() if k in own and tuple(own[k].shape) != tuple(v.shape)]
+    if wrong:
         raise ValueError(
-            f"LightningTrainerParam.initial_weights_path={path!r}: none of its "
-            f"{len(value)} keys (e.g. {sorted(value)[:3]}) match the model's parameters "
-            f"(e.g. {sorted(model.state_dict())[:3]}). Fix: save the state dict of the same "
-            "module class create_model_fn returns."
-        )
+            f"LightningTrainerParam.initial_weights_path={path!r}: tensors of another shape "
+            f"than the model's ({wrong[:3]}). Fix: save the state dict of a model built with "
+            "the same create_model_fn_kwargs.")
+    matched = [k for k in weights if k in own]
+    with torch.no_grad():
+        for key in matched:
+            copy_into(own[key], weights[key])
     if rank == 0:
         logger.info(
-            "Loaded initial weights from %s (strict=False): %d keys loaded, missing %s, "
-            "unexpected %s", path, matched, list(result.missing_keys),
-            list(result.unexpected_keys),
-        )
+            "Loaded initial weights from %s: %d keys loaded, missing %s, unexpected %s",
+            path, len(matched), [k for k in own if k not in weights],
+            [k for k in weights if k not in own])
+
+
+def load_initial_weights(model: Any, path: str, rank: int, world_size: int) -> None:
+    """Load ``path`` into ``model`` on every rank; only ``rank`` 0 touches storage.
+
+    Raises:
+        ValueError: The path cannot be read, or no key of the state dict matches the model.
+    """
+    apply_initial_weights(model, read_initial_weights(path, rank, world_size), path, rank)

@@ -87,8 +87,8 @@ class TinyRegressor(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=self.lr)
 
 
-class TinyRegressorFSDP2(TinyRegressor):
-    """Same model, built in ``configure_model()`` as FSDP2 (ModelParallelStrategy) needs."""
+class TinyRegressorLazy(TinyRegressor):
+    """Same model, built in ``configure_model()`` (Lightning's delayed-initialisation hook)."""
 
     def __init__(self, hidden_dim: int = 8, lr: float = 1e-2) -> None:
         pl.LightningModule.__init__(self)
@@ -100,15 +100,24 @@ class TinyRegressorFSDP2(TinyRegressor):
     def configure_model(self) -> None:
         if self.net is not None:
             return
+        self.net = self.build_net(self.hidden_dim)
+
+
+class TinyRegressorFSDP2(TinyRegressor):
+    """Same model, sharded with FSDP2 as Lightning's ``ModelParallelStrategy`` docs show.
+
+    The layers are built in ``__init__``; ``configure_model()`` shards each ``Linear`` and then
+    the whole stack over the data-parallel mesh that Lightning hands the module.
+    """
+
+    def configure_model(self) -> None:
         from torch.distributed.fsdp import fully_shard
 
-        self.net = self.build_net(self.hidden_dim)
-        if self.device_mesh is not None:
-            mesh = self.device_mesh["data_parallel"]
-            for layer in self.net:
-                if isinstance(layer, nn.Linear):
-                    fully_shard(layer, mesh=mesh)
-            fully_shard(self.net, mesh=mesh)
+        mesh = self.device_mesh["data_parallel"]
+        for layer in self.net.modules():
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(self.net, mesh=mesh)
 
 
 def create_tiny_model(hidden_dim: int = 8, lr: float = 1e-2) -> TinyRegressor:
@@ -116,8 +125,14 @@ def create_tiny_model(hidden_dim: int = 8, lr: float = 1e-2) -> TinyRegressor:
     return TinyRegressor(hidden_dim=hidden_dim, lr=lr)
 
 
+def create_seeded_model(seed: int, hidden_dim: int = 8, lr: float = 1e-2) -> TinyRegressor:
+    """:class:`TinyRegressor` whose initial weights depend only on ``seed``."""
+    torch.manual_seed(seed)
+    return TinyRegressor(hidden_dim=hidden_dim, lr=lr)
+
+
 def create_tiny_fsdp2_model(hidden_dim: int = 8, lr: float = 1e-2) -> TinyRegressorFSDP2:
-    """Factory for :class:`TinyRegressorFSDP2`, the ``configure_model()`` variant."""
+    """Factory for :class:`TinyRegressorFSDP2`, the documented FSDP2 pattern."""
     return TinyRegressorFSDP2(hidden_dim=hidden_dim, lr=lr)
 
 

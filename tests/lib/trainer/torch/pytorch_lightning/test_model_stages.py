@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from _models import TinyRegressor, TinyRegressorFSDP2, create_tiny_model
+from _models import TinyRegressor, TinyRegressorLazy, create_tiny_model
 from torch import nn
 
 from michelangelo.lib.model_registry import ModelRegistry
@@ -62,8 +62,8 @@ def create_renaming(hidden_dim: int = 8) -> RenamingRegressor:
     return RenamingRegressor(hidden_dim=hidden_dim)
 
 
-def create_lazy(hidden_dim: int = 8) -> TinyRegressorFSDP2:
-    return TinyRegressorFSDP2(hidden_dim=hidden_dim)  # no device mesh here: plain layers
+def create_lazy(hidden_dim: int = 8) -> TinyRegressorLazy:
+    return TinyRegressorLazy(hidden_dim=hidden_dim)
 
 
 class _Param:

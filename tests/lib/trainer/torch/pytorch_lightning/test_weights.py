@@ -9,6 +9,7 @@ import pytest
 import ray
 import torch
 from _models import (
+    ProbeRegressor,
     create_probe_model,
     make_regression_datasets,
     read_records,
@@ -90,6 +91,22 @@ def ray_cluster():
 @pytest.fixture(scope="module")
 def data():
     return make_regression_datasets(32, 8)
+
+
+class LazyProbeRegressor(ProbeRegressor):
+    """:class:`ProbeRegressor` whose layers are created in ``configure_model()``."""
+
+    def __init__(self, record_dir: str) -> None:
+        super().__init__(record_dir)
+        self.net = None
+
+    def configure_model(self) -> None:
+        if self.net is None:
+            self.net = self.build_net(self.hparams.hidden_dim)
+
+
+def create_lazy_probe(record_dir: str) -> LazyProbeRegressor:
+    return LazyProbeRegressor(record_dir)
 
 
 def _run(tmp_path, data, name, factory, kwargs, weights, **param):
@@ -189,3 +206,21 @@ def test_load_initial_weights_without_matching_keys_fails(tmp_path):
         load_initial_weights(model, str(path), rank=0, world_size=1)
     with pytest.raises(ValueError, match="could not be read on rank 0"):
         load_initial_weights(model, str(tmp_path / "missing.pt"), rank=0, world_size=1)
+
+
+def test_weights_that_fit_only_the_configured_model_load_after_configure_model(tmp_path, data):
+    weights = tmp_path / "w.pt"
+    torch.save(tiny_state_dict(fill=0.75), weights)
+    records = tmp_path / "rec"
+    records.mkdir()
+    _run(tmp_path, data, "lazy", create_lazy_probe, {"record_dir": str(records)}, str(weights))
+    _assert_loaded_everywhere(str(records), 0.75)
+
+
+def test_weights_that_fit_neither_shape_fail_on_the_driver_as_on_the_workers(tmp_path, data):
+    path = tmp_path / "other.pt"
+    torch.save({"encoder.weight": torch.zeros(2)}, path)
+    for factory in (create_probe_model, create_lazy_probe):
+        with pytest.raises(ValueError, match="none of its 1 keys"):
+            _run(tmp_path, data, "never", factory, {"record_dir": str(tmp_path)}, str(path))
+    assert not (tmp_path / "ray").exists()  # refused before any worker started
