@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import os
+import pickle
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -237,12 +238,30 @@ def expected_formats(strategy: Any) -> frozenset[CheckpointFormat] | None:
 
 
 def load_full_file(path: Path) -> dict[str, torch.Tensor]:
-    """Read a single-file Lightning checkpoint (ddp, fsdp ``"full"``).
+    """Read a single-file Lightning checkpoint (ddp, fsdp ``"full"``) without running code.
 
-    ``weights_only=False`` because a Lightning checkpoint also pickles loop and callback state;
-    only load checkpoints you trust.
+    Lightning's checkpoints (weights, loop and callback state, plain hyperparameters) load
+    with torch's restricted unpickler. Objects it does not know (a custom class among the
+    hyperparameters) are refused by name; the user allows them with torch's own allow-list.
+
+    Raises:
+        ValueError: The file holds objects outside the allow-list, or is not a Lightning
+            checkpoint.
     """
-    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as error:
+        try:
+            names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+        except Exception:  # noqa: BLE001 - the names are a courtesy; the refusal stands
+            names = []
+        raise ValueError(
+            f"{str(path)!r} holds pickled objects that torch's safe loader does not allow "
+            f"({', '.join(names) or str(error)[:300]}), so it was not loaded. Fix: if you "
+            "trust the checkpoint, allow those classes before loading with "
+            "torch.serialization.add_safe_globals([...]); or keep such objects out of "
+            "save_hyperparameters()."
+        ) from error
     if not isinstance(checkpoint, Mapping) or "state_dict" not in checkpoint:
         keys = sorted(checkpoint)[:10] if isinstance(checkpoint, Mapping) else type(checkpoint)
         raise ValueError(

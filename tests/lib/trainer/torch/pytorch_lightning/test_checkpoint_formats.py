@@ -326,3 +326,45 @@ def test_deepspeed_zero3_folder_converts_to_fp32(distributed_checkpoints):
     TinyRegressor().load_state_dict(loaded, strict=True)  # every key fits, nothing extra
     with pytest.raises(ValueError, match="DeepSpeed ZeRO"):
         cf.load_state_dict(folder, "fsdp2")
+
+
+class _Hook:
+    """An object whose unpickling runs code (what a tampered checkpoint would hold)."""
+
+    ran = False
+
+    def __reduce__(self):
+        return (_Hook._run, ())
+
+    @staticmethod
+    def _run():
+        _Hook.ran = True
+        return "ran"
+
+
+class _Config:
+    """A user's hyperparameter object: harmless, but unknown to torch's safe loader."""
+
+    def __init__(self, width: int = 8) -> None:
+        self.width = width
+
+
+def test_full_file_loads_without_running_pickled_code(full_file_run, tmp_path):
+    folder, reference = full_file_run
+    checkpoint = torch.load(folder / cf.CHECKPOINT_NAME, weights_only=True)
+    # A checkpoint Lightning wrote (loops, callbacks, optimizer) loads with the safe loader.
+    _assert_same_weights(cf.load_full_file(folder / cf.CHECKPOINT_NAME), reference)
+
+    tampered = tmp_path / "tampered.ckpt"
+    torch.save({**checkpoint, "extra": _Hook()}, tampered)
+    with pytest.raises(ValueError, match=r"safe loader does not allow.*_Hook") as info:
+        cf.load_full_file(tampered)
+    assert "add_safe_globals" in str(info.value)
+    assert not _Hook.ran
+
+    configured = tmp_path / "configured.ckpt"
+    torch.save({**checkpoint, "hyper_parameters": {"config": _Config()}}, configured)
+    with pytest.raises(ValueError, match="_Config"):
+        cf.load_full_file(configured)
+    with torch.serialization.safe_globals([_Config]):  # the user's allow-list
+        _assert_same_weights(cf.load_full_file(configured), reference)
