@@ -41,6 +41,11 @@ class Deployment:
         """The Open Inference Protocol ``infer`` path of this endpoint."""
         return f"{self.url}/v2/models/{self.name}/infer"
 
+    @property
+    def root_infer_url(self) -> str:
+        """The same ``infer`` path at the server's root (for clients given only host:port)."""
+        return f"{self.base_url}/v2/models/{self.name}/infer"
+
     def predict(self, inputs: Any, timeout_s: float = 60.0) -> Any:
         """POST ``{"inputs": inputs}`` to :attr:`url` over HTTP; return ``predictions``.
 
@@ -178,6 +183,19 @@ def _run(description: DeploymentDescription) -> None:
         raise DeploymentError(
             f"deployment {description.name!r} of {description.project_name}/"
             f"{description.model_name}:{description.revision_id} failed: {reason}") from None
+    _ensure_gateway()
+
+
+def _ensure_gateway() -> None:
+    """Start the ``/v2`` gateway (the protocol at the server's root) unless it runs."""
+    from ray import serve
+
+    from michelangelo.lib.serving._gateway import GATEWAY_APP, GATEWAY_PREFIX, build_gateway
+
+    app = serve.status().applications.get(GATEWAY_APP)
+    if app is not None and str(getattr(app.status, "value", app.status)) == "RUNNING":
+        return
+    serve.run(build_gateway(), name=GATEWAY_APP, route_prefix=GATEWAY_PREFIX)
 
 
 def _replica_error(name: str) -> str | None:

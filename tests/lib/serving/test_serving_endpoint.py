@@ -137,6 +137,113 @@ def test_open_inference_protocol_paths(env):
             ("y", "FP32", [1, 1])]
 
 
+def test_the_protocol_at_the_server_root_dispatches_by_model_name(env):
+    base, rows = f"http://127.0.0.1:{env['port']}", env["rows"]
+    assert _request("GET", f"{base}/v2/health/live") == (200, {"live": True})
+    assert _request("GET", f"{base}/v2/health/ready") == (200, {"ready": True})
+    status, meta = _request("GET", f"{base}/v2")
+    assert status == 200 and "binary_tensor_data" in meta["extensions"]
+    for method in ("GET", "POST"):
+        assert _request(method, f"{base}/v2/repository/index") == (
+            200, [{"name": "rows", "state": "READY", "version": "1"}])
+    for model in ("/v2/models/rows", "/v2/models/rows/versions/1"):
+        assert _request("GET", base + model) == _request("GET", rows.url + model)
+        assert _request("GET", base + model + "/ready") == (200, {"name": "rows", "ready": True})
+        status, out = _request("POST", base + model + "/infer", {
+            "id": "r", "inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32",
+                                   "data": [1, 2, 3, 4]}], "outputs": [{"name": "y"}]})
+        assert status == 200 and out["id"] == "r" and out["outputs"][0]["shape"] == [1, 1]
+    assert rows.root_infer_url == f"{base}/v2/models/rows/infer"
+    for path, method, status, fragment in [
+            ("/v2/models/nope/infer", "POST", 404, "models: ['rows']"),
+            ("/v2/models/rows/versions/9/ready", "GET", 404, "serves revision 1"),
+            ("/v2/models/rows/infer", "GET", 405, "takes POST"),
+            ("/v2/health/live", "POST", 405, "takes GET"),
+            ("/v2/nothing", "GET", 404, "repository/index")]:
+        got, answer = _request(method, base + path, body={} if method == "POST" else None)
+        assert got == status and fragment in answer["error"], (path, answer)
+    big = {"inputs": [{"name": "input", "shape": [4000, 4], "datatype": "FP32",
+                       "data": [0.5] * 16000}]}
+    got, answer = _request("POST", f"{base}/v2/models/rows/infer", big)
+    assert got == 413 and "max_request_bytes=65536" in answer["error"]
+
+
+def _strict(payload):
+    def refuse(token):
+        raise ValueError(f"bare {token} in the answer")
+
+    return json.loads(payload, parse_constant=refuse)
+
+
+def test_tritonclient_with_its_defaults_over_host_and_port(env):
+    import tritonclient.http as triton
+
+    registry, spec = env["registry"], env["rows"].spec
+    client = triton.InferenceServerClient(f"127.0.0.1:{env['port']}")  # no base path
+    try:
+        assert client.is_server_live() and client.is_server_ready()
+        assert client.is_model_ready("rows") and client.is_model_ready("rows", "1")
+        meta = client.get_model_metadata("rows")
+        assert meta["versions"] == ["1"] and meta["inputs"][0]["datatype"] == "FP32"
+        assert [m["name"] for m in client.get_model_repository_index()] == ["rows"]
+        x = np.random.default_rng(3).normal(size=(5, 4)).astype(np.float32)
+        tensor = triton.InferInput("input", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)  # binary, the client's default
+        result = client.infer("rows", [tensor])  # no outputs named: all come back binary
+        assert result.get_output("y")["parameters"]["binary_data_size"] == 5 * 4
+        np.testing.assert_allclose(result.as_numpy("y"), _expected(registry, spec, x),
+                                   rtol=1e-5, atol=1e-6)
+        assert result.as_numpy("batch_rows").dtype == np.int64
+        asked = [triton.InferRequestedOutput("y", binary_data=False)]
+        result = client.infer("rows", [tensor], outputs=asked, model_version="1")
+        assert result.get_output("y")["data"] == pytest.approx(
+            _expected(registry, spec, x).reshape(-1).tolist(), rel=1e-5)
+        bad = triton.InferInput("input", [1, 4], "FP32")
+        bad.set_data_from_numpy(np.array([[0, 1, np.nan, 3]], dtype=np.float32))
+        with pytest.raises(triton.InferenceServerException, match=r"position \[0, 2\]"):
+            client.infer("rows", [bad])
+    finally:
+        client.close()
+
+
+def test_binary_under_the_prefix_and_non_finite_json_is_refused_in_strict_json(env):
+    rows = env["rows"]
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    header = json.dumps({"inputs": [{"name": "input", "shape": [2, 4], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": x.nbytes}}],
+                         "parameters": {"binary_data_output": True}}).encode()
+    conn = http.client.HTTPConnection("127.0.0.1", env["port"], timeout=60)
+    try:
+        conn.request("POST", "/rows/v2/models/rows/infer", body=header + x.tobytes(),
+                     headers={"Inference-Header-Content-Length": str(len(header))})
+        resp = conn.getresponse()
+        content = resp.read()
+        assert resp.status == 200, content
+        size = int(resp.getheader("Inference-Header-Content-Length"))
+        answer = _strict(content[:size])
+        y = answer["outputs"][0]
+        assert y["name"] == "y" and y["parameters"] == {"binary_data_size": 8}
+        np.testing.assert_allclose(np.frombuffer(content[size:size + 8], dtype="<f4"),
+                                   _expected(env["registry"], rows.spec, x).reshape(-1),
+                                   rtol=1e-5)
+    finally:
+        conn.close()
+    for raw, shown in [(b"NaN", "NaN at position [0, 1]"),
+                       (b"1e400", "Infinity (or a number too large for the datatype) at "
+                                  "position [0, 1]")]:
+        body = b'{"inputs": [[1.0, ' + raw + b', 2.0, 3.0]]}'
+        for url in (rows.url, f"{rows.base_url}/v2/models/rows/infer"):
+            data = body if url == rows.url else (
+                b'{"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32", '
+                b'"data": [1.0, ' + raw + b", 2.0, 3.0]}]}")
+            req = urllib.request.Request(url, data=data, method="POST")
+            with pytest.raises(urllib.error.HTTPError) as caught:
+                urllib.request.urlopen(req, timeout=60)
+            assert caught.value.code == 400
+            error = _strict(caught.value.read())["error"]
+            assert "input 'input'" in error and shown in error, error
+
+
 @pytest.mark.parametrize("path, body, status, fragment", [
     ("", b"{oops", 400, "not valid JSON"),
     ("", {"inputs": [[1, 2, 3]]}, 400, "dimension 1 is 3"),
