@@ -45,11 +45,19 @@ class _Endpoint:
     seen_at: float
 
 
+def is_endpoint(name: str, app: Any) -> bool:
+    """Whether a Serve application is a user's endpoint.
+
+    Names starting with ``_`` are ours (this gateway, a revision being proven before it
+    takes traffic); deployment names cannot start with it.
+    """
+    return not name.startswith("_") and ENDPOINT_DEPLOYMENT in getattr(app, "deployments", {})
+
+
 def endpoint_states(applications: dict[str, Any]) -> dict[str, str]:
-    """``{name: Serve status}`` of the applications that are endpoints (not this one)."""
+    """``{name: Serve status}`` of the applications that are endpoints."""
     return {name: str(getattr(app.status, "value", app.status))
-            for name, app in applications.items()
-            if ENDPOINT_DEPLOYMENT in getattr(app, "deployments", {})}
+            for name, app in applications.items() if is_endpoint(name, app)}
 
 
 def _applications() -> dict[str, Any]:

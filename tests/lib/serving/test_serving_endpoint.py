@@ -317,37 +317,74 @@ def test_failed_readiness_fails_the_deploy_with_the_reason(env):
     assert "drifting" not in [d.name for d in serving.list_deployments()]
 
 
-def test_redeploy_swaps_the_revision_with_zero_failed_requests(env):
-    url, stop = env["rows"].url, threading.Event()
-    seen, failures = [], []
+class _SteadyStream:
+    """Two clients sending one row after another: one on the endpoint's prefix, one at the
+    server's root. Records each answer's revision and every failure."""
 
-    def stream():
-        while not stop.is_set():
-            status, body = _request("POST", url, {"inputs": [[1, 2, 3, 4]]})
-            if status == 200:
-                seen.append(body["model"]["revision_id"])
+    def __init__(self, env):
+        root = {"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32",
+                            "data": [1, 2, 3, 4]}]}
+        self.targets = [(env["rows"].url, {"inputs": [[1, 2, 3, 4]]}),
+                        (env["rows"].root_infer_url, root)]
+        self.stop, self.seen, self.failures = threading.Event(), [], []
+        self.threads = [threading.Thread(target=self._run, args=t) for t in self.targets]
+
+    def _run(self, url, body):
+        while not self.stop.is_set():
+            status, answer = _request("POST", url, body)
+            if status != 200:
+                self.failures.append((url, status, answer))
+            elif "model" in answer:
+                self.seen.append(answer["model"]["revision_id"])
             else:
-                failures.append((status, body))
+                self.seen.append(int(answer["model_version"]))
             time.sleep(0.01)
 
-    threads = [threading.Thread(target=stream) for _ in range(2)]
-    for t in threads:
-        t.start()
-    try:
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def wait_for(self, done, timeout=60):
+        deadline = time.monotonic() + timeout
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+
+def test_a_redeploy_that_fails_readiness_takes_no_traffic_under_load(env):
+    from ray import serve
+
+    with _SteadyStream(env) as stream:
+        stream.wait_for(lambda: len(stream.seen) >= 10)
+        with pytest.raises(serving.DeploymentError,
+                           match="failed readiness.*keeps serving.*differs from the one"):
+            serving.deploy(env["specs"]["drifting"], name="rows", registry=env["registry"],
+                           port=env["port"], max_batch_size=MAX_BATCH,
+                           batch_wait_timeout_s=0.05, max_request_bytes=64 * 1024)
+        after = len(stream.seen)
+        stream.wait_for(lambda: len(stream.seen) >= after + 20)
+    assert stream.failures == []
+    assert set(stream.seen) == {1} and len(stream.seen) >= after + 20
+    assert serving.get_deployment("rows").spec.revision_id == 1
+    assert [d.name for d in serving.list_deployments()] == ["rows"]
+    assert [n for n in serve.status().applications if n.startswith("_candidate")] == []
+
+
+def test_redeploy_swaps_the_revision_with_zero_failed_requests(env):
+    with _SteadyStream(env) as stream:
         # Moving an alias and deploying it again is how a new champion goes live.
         env["registry"].set_alias("serving", "rows", "champion", env["specs"]["rows2"].revision_id)
         swapped = serving.deploy("serving/rows@champion", name="rows", registry=env["registry"],
                                  port=env["port"], max_batch_size=MAX_BATCH,
                                  batch_wait_timeout_s=0.05, max_request_bytes=64 * 1024)
-        deadline = time.monotonic() + 60
-        while seen[-20:].count(2) < 20 and time.monotonic() < deadline:
-            time.sleep(0.1)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
-    assert failures == []
-    assert swapped.spec.revision_id == 2 and 1 in seen and seen[-1] == 2
+        stream.wait_for(lambda: stream.seen[-20:].count(2) == 20)
+    assert stream.failures == []
+    assert swapped.spec.revision_id == 2 and 1 in stream.seen and stream.seen[-1] == 2
     assert serving.get_deployment("rows").spec.revision_id == 2
 
 
