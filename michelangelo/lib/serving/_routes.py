@@ -4,7 +4,10 @@ Paths are relative to the deployment's route prefix ``/{name}``:
 
 - ``POST /`` the simple form: ``{"inputs": rows}`` -> ``{"predictions", "model"}``
 - Open Inference Protocol REST: ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``,
-  ``GET /v2/models/{name}[/versions/{rev}]``, ``.../ready``, ``POST .../infer``.
+  ``GET /v2/models/{name}[/versions/{rev}]``, ``.../ready``, ``POST .../infer`` (JSON, or
+  binary tensors after a JSON header: see ``_binary``).
+
+The root ``/v2`` gateway (``_gateway``) hands model paths to the same code.
 """
 
 from __future__ import annotations
