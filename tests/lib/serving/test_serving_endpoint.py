@@ -168,6 +168,31 @@ def test_the_protocol_at_the_server_root_dispatches_by_model_name(env):
     assert got == 413 and "max_request_bytes=65536" in answer["error"]
 
 
+def test_the_root_dispatches_among_several_deployments_and_forgets_deleted_ones(env):
+    base, registry = f"http://127.0.0.1:{env['port']}", env["registry"]
+    other = serving.deploy(env["specs"]["rows2"], name="other", registry=registry,
+                           port=env["port"])
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    body = {"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32",
+                        "data": x.reshape(-1).tolist()}], "outputs": [{"name": "y"}]}
+    try:
+        status, index = _request("GET", f"{base}/v2/repository/index")
+        assert status == 200 and [(m["name"], m["version"]) for m in index] == [
+            ("other", "2"), ("rows", "1")]
+        for name, spec in (("rows", env["rows"].spec), ("other", other.spec)):
+            status, out = _request("POST", f"{base}/v2/models/{name}/infer", body)
+            assert status == 200 and out["model_name"] == name
+            np.testing.assert_allclose(out["outputs"][0]["data"],
+                                       _expected(registry, spec, x).reshape(-1), rtol=1e-5)
+    finally:
+        other.delete()
+    status, answer = _request("POST", f"{base}/v2/models/other/infer", body, timeout=30)
+    assert status in (404, 503) and "other" in answer["error"], answer
+    time.sleep(2.5)  # past the gateway's memory of what it has seen
+    status, answer = _request("POST", f"{base}/v2/models/other/infer", body, timeout=30)
+    assert status == 404 and "models: ['rows']" in answer["error"], answer
+
+
 def _strict(payload):
     def refuse(token):
         raise ValueError(f"bare {token} in the answer")
