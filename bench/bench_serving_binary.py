@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -115,6 +116,7 @@ def main() -> None:
             client.close()
     finally:
         cluster.shutdown()
+        shutil.rmtree(work, ignore_errors=True)
 
     megabytes = 2 * x.nbytes / 1e6  # the tensor in and the same size out
     rows = []
