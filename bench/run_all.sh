@@ -21,4 +21,7 @@ echo "=== bench_remote.py ==="
 # Serving: our endpoint vs a hand-written Ray Serve deployment, and batching on vs off.
 echo "=== bench_serving.py ==="
 "$PY" bench/bench_serving.py || { echo "bench_serving.py failed" >&2; status=1; }
+# Serving: binary tensors vs JSON for a 1M-float tensor through tritonclient.
+echo "=== bench_serving_binary.py ==="
+"$PY" bench/bench_serving_binary.py || { echo "bench_serving_binary.py failed" >&2; status=1; }
 exit "$status"

@@ -74,31 +74,50 @@ def serve_cmd(spec: str, port: int, host: str, name: str | None, replicas: int,
     """Serve PROJECT/MODEL[:REV|@ALIAS] in the foreground until Ctrl-C."""
     from michelangelo.lib.model_registry import ModelRegistry
     from michelangelo.lib.serving import deploy
+    from michelangelo.uniflow.core import capture_output
     from michelangelo.uniflow.plugins.ray import RayTask
     from michelangelo.uniflow.plugins.ray._local import LocalRayCluster
 
     reg = ModelRegistry(registry)
     revision = reg.get(spec)  # a bad spec fails here, before any process starts
     cpus = max(1, replicas)
-    own = LocalRayCluster(RayTask(head_cpu=cpus, head_memory="2Gi"),
-                          tempfile.mkdtemp(prefix="ma-serve-logs-"))
+    log_dir = tempfile.mkdtemp(prefix="ma-serve-logs-")
+    own = LocalRayCluster(RayTask(head_cpu=cpus, head_memory="2Gi"), log_dir)
     previous = os.environ.pop("RAY_ADDRESS", None)
+    log = os.path.join(log_dir, "serve.log")
+    say = _console_echo()
+    say(f"starting a Ray cluster for {revision.name} (logs: {log}) ...")
     try:
-        click.echo(f"starting a Ray cluster for {revision.name} ...")
-        own.start()
-        endpoint = deploy(revision.spec, name=name, num_replicas=replicas, host=host,
-                          port=port, registry=reg)
-        click.echo(f"serving {revision.name} at {endpoint.url}")
-        click.echo(f"  Open Inference Protocol: {endpoint.url}/v2/models/{endpoint.name}")
-        click.echo("  try: " + endpoint.curl(_first_row(revision)))
-        click.echo("Ctrl-C to stop")
-        while True:
-            time.sleep(1)
+        # Ray's and Serve's own lines go to the log, as in a run; --verbose shows them too.
+        # Errors reach the console once the block has put stdout and stderr back.
+        with capture_output(log, on_warning=lambda text: say(f"warning: {text}")):
+            try:
+                own.start()
+                endpoint = deploy(revision.spec, name=name, num_replicas=replicas, host=host,
+                                  port=port, registry=reg)
+                say(f"serving {revision.name} at {endpoint.url}")
+                say(f"  Open Inference Protocol: {endpoint.base_url}/v2/models/"
+                    f"{endpoint.name} (also under {endpoint.url})")
+                say("  try: " + endpoint.curl(_first_row(revision)))
+                say("Ctrl-C to stop")
+                while True:
+                    time.sleep(1)
+            finally:
+                say("stopping ...")
+                own.shutdown()
     finally:
-        click.echo("stopping ...")
-        own.shutdown()
         if previous is not None:
             os.environ["RAY_ADDRESS"] = previous
+
+
+def _console_echo():
+    """``echo`` to the terminal even while stdout and stderr point at the log file."""
+    from michelangelo.uniflow.core import console_stream
+
+    def say(text: str) -> None:
+        click.echo(text, file=console_stream())
+
+    return say
 
 
 def _first_row(revision) -> object:

@@ -133,6 +133,11 @@ def test_serve_answers_then_ctrl_c_leaves_no_ray_process(tmp_path, cli_env, monk
                                     timeout=60) as resp:
             answer = json.loads(resp.read())
         assert len(answer["predictions"]) == 1 and answer["model"]["revision_id"] == 1
+        # As quiet as a run: our lines only; Ray's and Serve's go to the log file.
+        noise = [ln for ln in lines if "INFO" in ln or "Serve" in ln or "pid=" in ln]
+        assert noise == [], "".join(lines)
+        assert f"http://127.0.0.1:{port}/v2/models/cli-lin" in "".join(lines)
+        log = lines[0].split("(logs: ", 1)[1].split(")", 1)[0]
         family = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
         nodes = {p.pid for p in psutil.Process(proc.pid).children()
                  if "ray" in " ".join(p.cmdline())}
@@ -148,6 +153,8 @@ def test_serve_answers_then_ctrl_c_leaves_no_ray_process(tmp_path, cli_env, monk
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130, "".join(lines) + proc.stdout.read()
+    with open(log) as handle:
+        assert "Serve" in handle.read()  # Serve's own lines were kept, in the log
     alive = [pid for pid in family if psutil.pid_exists(pid)
              and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
     assert alive == [] and _session_members(nodes) == []

@@ -79,8 +79,10 @@ def test_quickstart_runs_through_kuberay_and_leaves_nothing(kube_cluster, api, s
     assert "deleted" in output
     # deploy() made a lasting RayService from the same description; the run's clusters went
     assert "RayService default/quickstart: creating with quickstart/regressor:" in output
-    assert "RayService default/quickstart: ready (quickstart RUNNING); endpoint " \
-        "http://quickstart-serve-svc.default.svc:8000/quickstart" in output
+    # Two Serve applications: the endpoint, and the /v2 gateway at the server's root.
+    ready = [ln for ln in output.splitlines() if "RayService default/quickstart: ready (" in ln]
+    assert ready and "quickstart RUNNING" in ready[-1] and "_oip RUNNING" in ready[-1], output
+    assert ready[-1].endswith("; endpoint http://quickstart-serve-svc.default.svc:8000/quickstart")
     service = api.get("RayService", "quickstart", "default")
     assert service["metadata"]["labels"]["uniflow.michelangelo.ai/managed-by"] == \
         "uniflow-serving"
@@ -94,6 +96,10 @@ def test_quickstart_runs_through_kuberay_and_leaves_nothing(kube_cluster, api, s
     answer = post_json(f"http://{head['status']['podIP']}:8000/quickstart",
                        {"inputs": [[0.1] * 8, [0.0] * 8]})
     assert len(answer["predictions"]) == 2
+    root = post_json(f"http://{head['status']['podIP']}:8000/v2/models/quickstart/infer",
+                     {"inputs": [{"name": "input", "shape": [1, 8], "datatype": "FP32",
+                                  "data": [0.1] * 8}]})
+    assert root["model_name"] == "quickstart" and root["outputs"][0]["shape"][0] == 1
     artifacts = [a for t in tasks.values() for a in t.artifacts]
     kinds = {a["kind"] for a in artifacts}
     assert {"registry_revision", "deployment", "rayservice"} <= kinds  # from the remote jobs too

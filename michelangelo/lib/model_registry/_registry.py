@@ -8,7 +8,7 @@ import logging
 import os
 import posixpath
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -133,6 +133,7 @@ class ModelRegistry:
         train_result: Mapping[str, Any] | None = None,
         datasets: Mapping[str, Any] | None = None,
         lineage: Mapping[str, Any] | None = None,
+        allow_non_finite: bool | Sequence[str] = False,
     ) -> ModelSpec:
         """Store a new revision of ``project_name/model_name`` and return its spec.
 
@@ -162,6 +163,9 @@ class ModelRegistry:
                 and the checkpoint when no other source is given).
             datasets: Name to ``DatasetVariable`` (or fingerprint) the model was trained on.
             lineage: Extra lineage key/values (scalars).
+            allow_non_finite: Inputs (names, or ``True`` for all) whose NaN and infinities
+                the model handles; serving refuses them in every other input. Recorded in
+                the signature, so it needs ``input_example``.
 
         Returns:
             ``ModelSpec(project_name, model_name, revision_id)`` of the new revision.
@@ -194,6 +198,9 @@ class ModelRegistry:
         if state_dict is not None and not isinstance(state_dict, Mapping):
             raise ValueError(f"state_dict must be a dict of tensors, got "
                              f"{type(state_dict).__name__}.")
+        if allow_non_finite and input_example is None:
+            raise ValueError("allow_non_finite needs input_example=: it is recorded in the "
+                             "signature the example produces.")
         if input_example is not None and model is None and create_model_fn is None:
             raise ValueError("input_example needs a model to run it: pass model= or "
                              "create_model_fn=.")
@@ -223,7 +230,8 @@ class ModelRegistry:
         if input_example is not None:
             runner = model if model is not None else self._build(create_model_fn,
                                                                  factory["kwargs"], weights)
-            example, signature = example_and_signature(runner, input_example)
+            example, signature = example_and_signature(runner, input_example,
+                                                       allow_non_finite=allow_non_finite)
 
         lineage_map = collect_lineage(
             source="checkpoint" if checkpoint_path is not None else

@@ -8,7 +8,7 @@ next to it, so a serving replica can replay the example and compare before takin
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -73,9 +73,13 @@ def _spec_list(entries: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]
             for name, e in entries.items()]
 
 
-def example_and_signature(model: torch.nn.Module, example: Any
+def example_and_signature(model: torch.nn.Module, example: Any, *,
+                          allow_non_finite: bool | Sequence[str] = False,
                           ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run ``model`` on ``example`` in eval mode; return ``(input_example, signature)``.
+
+    ``allow_non_finite`` (input names, or ``True`` for all) marks the inputs whose NaN and
+    infinities the model handles, as ``"allow_non_finite": true`` in their signature entry.
 
     Raises:
         ValueError: The example has an unsupported type, or the model fails on it (the model
@@ -102,5 +106,22 @@ def example_and_signature(model: torch.nn.Module, example: Any
         model.train(was_training)
     outputs = {name: _entry(t.detach().cpu(), name, "model output")
                for name, t in _outputs_of(result).items()}
+    specs = _spec_list(inputs)
+    for spec in specs:
+        if spec["name"] in _allowed(allow_non_finite, list(inputs)):
+            spec["allow_non_finite"] = True
     return ({"inputs": inputs, "outputs": outputs},
-            {"inputs": _spec_list(inputs), "outputs": _spec_list(outputs)})
+            {"inputs": specs, "outputs": _spec_list(outputs)})
+
+
+def _allowed(allow: bool | Sequence[str], names: list[str]) -> set[str]:
+    if isinstance(allow, bool):
+        return set(names) if allow else set()
+    if isinstance(allow, str) or not all(isinstance(n, str) for n in allow):
+        raise ValueError(f"allow_non_finite={allow!r} must be True, False or a list of input "
+                         f"names. Fix: e.g. allow_non_finite={names[:1]!r}.")
+    unknown = sorted(set(allow) - set(names))
+    if unknown:
+        raise ValueError(f"allow_non_finite names {unknown}, but the model's inputs are "
+                         f"{names}. Fix: use those names.")
+    return set(allow)

@@ -10,8 +10,8 @@ that each fit, then put back together, so every caller gets exactly its own rows
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -19,13 +19,15 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response
 
+from michelangelo.lib.serving._binary import read_body, render
 from michelangelo.lib.serving._description import DeploymentDescription
 from michelangelo.lib.serving._errors import BadRequest, HTTPError, PayloadTooLarge, ReadinessError
+from michelangelo.lib.serving._gateway import ENDPOINT_DEPLOYMENT
 from michelangelo.lib.serving._model import ServedModel
 from michelangelo.lib.serving._routes import Routes
 
 logger = logging.getLogger("michelangelo.serving")
-INGRESS_NAME = "ModelEndpoint"
+INGRESS_NAME = ENDPOINT_DEPLOYMENT
 
 
 def _rows(items: list[dict[str, np.ndarray]]) -> int:
@@ -65,38 +67,37 @@ class ModelEndpoint:
         prefix = self.description.route_prefix
         if path.startswith(prefix):
             path = path[len(prefix):]
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        status, out_headers, content = await self._respond(
+            request.method, path, headers,
+            lambda: read_body(request, self.description.max_request_bytes))
+        return Response(content, status_code=status, headers=out_headers)
+
+    async def answer(self, method: str, path: str, headers: Mapping[str, str],
+                     body: bytes) -> tuple[int, dict[str, str], bytes]:
+        """One request the root ``/v2`` gateway read and forwards: status, headers, body."""
+        async def read() -> bytes:
+            if len(body) > self.description.max_request_bytes:
+                raise PayloadTooLarge.over(len(body), self.description.max_request_bytes)
+            return body
+
+        return await self._respond(method, path, headers, read)
+
+    async def _respond(self, method: str, path: str, headers: Mapping[str, str],
+                       read: Callable[[], Awaitable[bytes]]
+                       ) -> tuple[int, dict[str, str], bytes]:
         try:
-            self._check_declared_length(request)
-            status, body = await self.routes.handle(request.method, path,
-                                                    lambda: self._read_body(request))
+            answer = await self.routes.handle(method, path, read, headers)
+            content, out_headers = render(answer.body, answer.tail)
+            return answer.status, out_headers, content
         except HTTPError as exc:
-            status, body = exc.status, exc.body()
+            content, out_headers = render(exc.body())
+            return exc.status, out_headers, content
         except Exception as exc:  # never a 500, never a dead replica: say what went wrong
             logger.exception("request on %s failed", path)
-            status, body = 400, {"error": f"the model could not process this input: "
-                                          f"{type(exc).__name__}: {exc}"}
-        return Response(json.dumps(body).encode(), status_code=status,
-                        media_type="application/json")
-
-    def _check_declared_length(self, request: Request) -> None:
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > self.description.max_request_bytes:
-            raise PayloadTooLarge(self._too_large(int(declared)))
-
-    async def _read_body(self, request: Request) -> bytes:
-        limit = self.description.max_request_bytes
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(self._too_large(size))
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-    def _too_large(self, size: int) -> str:
-        return (f"the body has {'at least ' if size else ''}{size} bytes, over this "
-                f"deployment's max_request_bytes={self.description.max_request_bytes}. Fix: "
-                "send fewer rows per request, or deploy with a larger max_request_bytes.")
+            content, out_headers = render({"error": f"the model could not process this input: "
+                                                    f"{type(exc).__name__}: {exc}"})
+            return 400, out_headers, content
 
     async def _predict_alone(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.served.forward(arrays)

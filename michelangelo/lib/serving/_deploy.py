@@ -41,6 +41,11 @@ class Deployment:
         """The Open Inference Protocol ``infer`` path of this endpoint."""
         return f"{self.url}/v2/models/{self.name}/infer"
 
+    @property
+    def root_infer_url(self) -> str:
+        """The same ``infer`` path at the server's root (for clients given only host:port)."""
+        return f"{self.base_url}/v2/models/{self.name}/infer"
+
     def predict(self, inputs: Any, timeout_s: float = 60.0) -> Any:
         """POST ``{"inputs": inputs}`` to :attr:`url` over HTTP; return ``predictions``.
 
@@ -168,6 +173,8 @@ def _run(description: DeploymentDescription) -> None:
     from michelangelo.lib.serving._app import build_app
 
     existed = description.name in _app_names()
+    if existed:
+        _prove(description)
     try:
         serve.run(build_app({"description": description.to_dict()}), name=description.name,
                   route_prefix=description.route_prefix)  # waits until RUNNING or failed
@@ -178,6 +185,45 @@ def _run(description: DeploymentDescription) -> None:
         raise DeploymentError(
             f"deployment {description.name!r} of {description.project_name}/"
             f"{description.model_name}:{description.revision_id} failed: {reason}") from None
+    _ensure_gateway()
+
+
+def _prove(description: DeploymentDescription) -> None:
+    """Start the new revision beside the live endpoint, with no route, and remove it again.
+
+    Serve's own rolling update stops old replicas before new ones have proven anything, so
+    a revision that fails readiness would leave the endpoint answering 503s. Here it fails
+    while the live endpoint is untouched: it keeps serving, and ``deploy`` raises.
+    """
+    from ray import serve
+
+    from michelangelo.lib.serving._app import build_app
+
+    candidate = f"_candidate-{description.name}"
+    try:
+        serve.run(build_app({"description": description.to_dict()}), name=candidate,
+                  route_prefix=None)  # no HTTP route: it takes no traffic
+    except Exception as exc:
+        reason = _replica_error(candidate) or _last_line(str(exc)) or type(exc).__name__
+        raise DeploymentError(
+            f"deployment {description.name!r}: the new revision {description.project_name}/"
+            f"{description.model_name}:{description.revision_id} failed readiness, so it took "
+            f"no traffic and the endpoint keeps serving its current revision: {reason}"
+        ) from None
+    finally:
+        serve.delete(candidate)
+
+
+def _ensure_gateway() -> None:
+    """Start the ``/v2`` gateway (the protocol at the server's root) unless it runs."""
+    from ray import serve
+
+    from michelangelo.lib.serving._gateway import GATEWAY_APP, GATEWAY_PREFIX, build_gateway
+
+    app = serve.status().applications.get(GATEWAY_APP)
+    if app is not None and str(getattr(app.status, "value", app.status)) == "RUNNING":
+        return
+    serve.run(build_gateway(), name=GATEWAY_APP, route_prefix=GATEWAY_PREFIX)
 
 
 def _replica_error(name: str) -> str | None:
@@ -218,10 +264,10 @@ def _deployment(description: DeploymentDescription, spec: Any) -> Deployment:
                       base_url=base, url=f"{base}{description.route_prefix}")
 
 
-def _ours(app_status: Any) -> bool:
-    from michelangelo.lib.serving._app import INGRESS_NAME
+def _ours(name: str, app_status: Any) -> bool:
+    from michelangelo.lib.serving._gateway import is_endpoint
 
-    return INGRESS_NAME in getattr(app_status, "deployments", {})
+    return is_endpoint(name, app_status)
 
 
 def get_deployment(name: str) -> Deployment:
@@ -234,8 +280,8 @@ def get_deployment(name: str) -> Deployment:
 
     connect()
     apps = serve.status().applications if serve_client() is not None else {}
-    if name not in apps or not _ours(apps[name]):
-        known = sorted(n for n, a in apps.items() if _ours(a))
+    if name not in apps or not _ours(name, apps[name]):
+        known = sorted(n for n, a in apps.items() if _ours(n, a))
         raise DeploymentNotFoundError(
             f"no deployment {name!r} on this cluster; deployments: {known or 'none'}.")
     info = serve.get_app_handle(name).describe.remote().result(timeout_s=60)
@@ -254,7 +300,7 @@ def list_deployments() -> list[Deployment]:
     if serve_client() is None:
         return []
     return [get_deployment(n) for n, a in sorted(serve.status().applications.items())
-            if _ours(a) and str(getattr(a, "status", "")).endswith("RUNNING")]
+            if _ours(n, a) and str(getattr(a, "status", "")).endswith("RUNNING")]
 
 
 def delete_deployment(name: str) -> None:

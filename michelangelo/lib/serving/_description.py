@@ -55,6 +55,9 @@ class DeploymentDescription:
                 f"deployment name={self.name!r} is not valid: use 1-63 lowercase letters, digits, "
                 "'-' or '_', starting and ending with a letter or digit (it becomes a URL path "
                 "and a Kubernetes-friendly name). Fix: e.g. name='churn-model'.")
+        if self.name == "v2":
+            raise ValueError("deployment name='v2' is taken: /v2 is where the Open Inference "
+                             "Protocol answers for every deployment. Fix: choose another name.")
         _check_int("num_replicas", self.num_replicas, 1)
         if self.max_batch_size is not None:
             _check_int("max_batch_size", self.max_batch_size, 1)
@@ -84,7 +87,13 @@ class DeploymentDescription:
         return cls(**{k: v for k, v in data.items() if k in fields})
 
     def to_serve_config(self) -> dict[str, Any]:
-        """A Ray Serve config (the ``serveConfigV2`` of a RayService) for this endpoint."""
+        """A Ray Serve config (the ``serveConfigV2`` of a RayService) for this endpoint.
+
+        Its first application is the endpoint; the second answers the Open Inference
+        Protocol at the server's root (``/v2/...``).
+        """
+        from michelangelo.lib.serving._gateway import serve_config_entry
+
         return {
             "proxy_location": "HeadOnly",
             "http_options": {"host": self.host, "port": self.port},
@@ -93,7 +102,7 @@ class DeploymentDescription:
                 "route_prefix": self.route_prefix,
                 "import_path": "michelangelo.lib.serving._app:build_app",
                 "args": {"description": self.to_dict()},
-            }],
+            }, serve_config_entry()],
         }
 
 

@@ -67,6 +67,12 @@ class PayloadTooLarge(HTTPError):
 
     status = 413
 
+    @classmethod
+    def over(cls, size: int, limit: int) -> PayloadTooLarge:
+        return cls(f"the body has at least {size} bytes, over this deployment's "
+                   f"max_request_bytes={limit}. Fix: send fewer rows per request, or deploy "
+                   "with a larger max_request_bytes.")
+
 
 class NotReady(HTTPError):
     """The replica is not (or no longer) ready to answer."""

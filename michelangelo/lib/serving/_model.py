@@ -72,7 +72,8 @@ class ServedModel:
                 raise ReadinessError(
                     f"{what}: output {name!r} has shape {None if got is None else list(got.shape)}"
                     f" on the registered example, but {list(want.shape)} was recorded.")
-            if not np.allclose(got.astype(np.float64), want, rtol=EXAMPLE_RTOL, atol=EXAMPLE_ATOL):
+            if not np.allclose(got.astype(np.float64), want, rtol=EXAMPLE_RTOL, atol=EXAMPLE_ATOL,
+                               equal_nan=True):
                 diff = float(np.max(np.abs(got.astype(np.float64) - want)))
                 raise ReadinessError(
                     f"{what}: output {name!r} differs from the one recorded at registration "

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from michelangelo.lib.serving._binary import BinaryReader, from_bytes, to_bytes
 from michelangelo.lib.serving._errors import BadRequest
 
 # OIP datatype -> numpy dtype. BYTES is left out: no registered model takes strings yet.
@@ -60,7 +61,8 @@ def to_array(name: str, data: Any, datatype: str, shape: list[int] | None) -> np
             f"{_describe_kind(raw)}. Fix: send {wanted}, or the datatype the model was "
             "registered with."
         )
-    array = raw.astype(dtype, copy=False) if raw.size else np.zeros(raw.shape, dtype)
+    with np.errstate(over="ignore"):  # too large for the datatype: refused as non-finite below
+        array = raw.astype(dtype, copy=False) if raw.size else np.zeros(raw.shape, dtype)
     if dtype.kind in "iu" and raw.size and not np.array_equal(array, raw):
         raise BadRequest(
             f"input {name!r}: values do not fit datatype {datatype} (out of range). "
@@ -82,8 +84,17 @@ def _describe_kind(raw: np.ndarray) -> str:
 
 
 def check_against(spec: Mapping[str, Any], array: np.ndarray) -> None:
-    """Raise :class:`BadRequest` unless ``array`` fits the signature entry ``spec``."""
+    """Raise :class:`BadRequest` unless ``array`` fits the signature entry ``spec``.
+
+    Besides rank and fixed dimensions, float values must be finite (no NaN, no infinity,
+    nothing beyond the datatype's range) unless the signature entry says
+    ``"allow_non_finite": true`` (``register(..., allow_non_finite=...)``).
+    """
     name, shape = spec["name"], list(spec.get("shape") or [])
+    if not spec.get("allow_non_finite"):
+        _check_finite(f"input {name!r}", array, "Fix: send finite numbers within "
+                      f"{spec['datatype']}'s range, or register the model with "
+                      f"allow_non_finite=[{name!r}] if it handles them.")
     if shape and array.ndim != len(shape):
         raise BadRequest(
             f"input {name!r}: got shape {list(array.shape)}, but the model takes "
@@ -98,6 +109,27 @@ def check_against(spec: Mapping[str, Any], array: np.ndarray) -> None:
             )
 
 
+def _check_finite(what: str, array: np.ndarray, fix: str) -> None:
+    if array.dtype.kind != "f" or not array.size:
+        return
+    finite = np.isfinite(array)
+    if finite.all():
+        return
+    flat = int(np.argmin(finite.reshape(-1)))
+    where = [int(i) for i in np.unravel_index(flat, array.shape)]
+    value = array.reshape(-1)[flat]
+    count = int(finite.size - np.count_nonzero(finite))
+    raise BadRequest(f"{what} holds {count} non-finite value(s); the first is "
+                     f"{_show_value(value)} at position {where}. {fix}")
+
+
+def _show_value(value: Any) -> str:
+    if np.isnan(value):
+        return "NaN"
+    return "Infinity (or a number too large for the datatype)" if value > 0 else (
+        "-Infinity (or a number too large for the datatype)")
+
+
 def _show_shape(shape: list[int]) -> str:
     return "[" + ", ".join("N" if d in (-1, None) else str(d) for d in shape) + "]"
 
@@ -107,8 +139,13 @@ def _example_rows(shape: list[int]) -> str:
     return "[[" + ", ".join(["0.0"] * min(width, 3)) + (", ..." if width > 3 else "") + "]]"
 
 
-def decode_infer(body: Any, signature: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], list[str] | None]:
-    """An OIP ``infer`` request body as named arrays, plus the output names asked for."""
+def decode_infer(body: Any, signature: Mapping[str, Any], binary: bytes = b""
+                 ) -> tuple[dict[str, np.ndarray], list[str] | None]:
+    """An OIP ``infer`` request body as named arrays, plus the output names asked for.
+
+    ``binary`` is what followed the JSON header (the binary tensor extension): each input
+    with ``parameters.binary_data_size`` takes its bytes from it, in order.
+    """
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object with an 'inputs' list, e.g. "
                          '{"inputs": [{"name": "input", "shape": [1, 8], "datatype": "FP32", '
@@ -119,11 +156,15 @@ def decode_infer(body: Any, signature: Mapping[str, Any]) -> tuple[dict[str, np.
                          "Fix: send [{'name', 'shape', 'datatype', 'data'}, ...].")
     specs = {s["name"]: s for s in signature["inputs"]}
     arrays: dict[str, np.ndarray] = {}
+    reader = BinaryReader(binary)
     for index, tensor in enumerate(tensors):
         if not isinstance(tensor, dict):
             raise BadRequest(f"inputs[{index}] must be an object with name, shape, datatype "
                              f"and data, got {_short(tensor)}.")
-        missing = [k for k in ("name", "shape", "datatype", "data") if k not in tensor]
+        size = _parameters(tensor, f"inputs[{index}]").get("binary_data_size")
+        needed = ("name", "shape", "datatype") if size is not None else (
+            "name", "shape", "datatype", "data")
+        missing = [k for k in needed if k not in tensor]
         if missing:
             raise BadRequest(f"inputs[{index}] lacks {missing}. Fix: every tensor needs "
                              "'name', 'shape', 'datatype' and 'data'.")
@@ -143,9 +184,13 @@ def decode_infer(body: Any, signature: Mapping[str, Any]) -> tuple[dict[str, np.
         if datatype != expected:
             raise BadRequest(f"input {name!r}: datatype {datatype!r} does not match the "
                              f"registered {expected!r}. Fix: send datatype {expected!r}.")
-        array = to_array(name, tensor["data"], datatype, shape)
+        if size is not None:
+            array = from_bytes(name, reader.take(name, size), datatype, shape)
+        else:
+            array = to_array(name, tensor["data"], datatype, shape)
         check_against(specs[name], array)
         arrays[name] = array
+    reader.finish()
     _check_complete(arrays, specs)
     wanted = body.get("outputs")
     names = None
@@ -159,6 +204,33 @@ def decode_infer(body: Any, signature: Mapping[str, Any]) -> tuple[dict[str, np.
         if unknown:
             raise BadRequest(f"unknown output tensor(s) {unknown}; the model returns {known}.")
     return arrays, names
+
+
+def binary_outputs(body: Mapping[str, Any], names: list[str]) -> set[str]:
+    """Which of ``names`` the request asks back as binary data.
+
+    An output's own ``parameters.binary_data`` decides; otherwise the request's
+    ``parameters.binary_data_output`` (what ``tritonclient`` sends when it names no outputs).
+    """
+    default = _parameters(body, "the request").get("binary_data_output", False)
+    asked = {o["name"]: _parameters(o, f"output {o['name']!r}").get("binary_data", default)
+             for o in body.get("outputs") or []}
+    chosen = {n for n in names if asked.get(n, default)}
+    for name in names:
+        flag = asked.get(name, default)
+        if not isinstance(flag, bool):
+            raise BadRequest(f"output {name!r}: binary_data must be true or false, got "
+                             f"{flag!r}.")
+    return chosen
+
+
+def _parameters(obj: Mapping[str, Any], what: str) -> Mapping[str, Any]:
+    params = obj.get("parameters")
+    if params is None:
+        return {}
+    if not isinstance(params, dict):
+        raise BadRequest(f"{what}: 'parameters' must be a JSON object, got {_short(params)}.")
+    return params
 
 
 def decode_simple(body: Any, signature: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -200,10 +272,42 @@ def _check_complete(arrays: dict[str, np.ndarray], specs: Mapping[str, Any]) -> 
 
 
 def encode_outputs(outputs: Mapping[str, np.ndarray], names: list[str] | None = None) -> list[dict]:
-    """Named arrays as OIP output tensors (flat data, shape, datatype)."""
+    """Named arrays as OIP output tensors in JSON (flat data, shape, datatype)."""
+    return encode_infer_outputs(outputs, names)[0]
+
+
+def encode_infer_outputs(outputs: Mapping[str, np.ndarray], names: list[str] | None = None,
+                         binary: set[str] | frozenset[str] = frozenset()) -> tuple[list[dict], bytes]:
+    """OIP output tensors, plus the bytes of those in ``binary`` (which carry no ``data``).
+
+    JSON cannot carry NaN or infinities, so an output holding them must be asked for in
+    binary; in JSON it is refused with its name and position.
+    """
     chosen = names if names is not None else list(outputs)
-    return [{"name": n, "datatype": datatype_of(outputs[n]), "shape": list(outputs[n].shape),
-             "data": outputs[n].reshape(-1).tolist()} for n in chosen]
+    tensors, tail = [], []
+    for name in chosen:
+        array = np.asarray(outputs[name])
+        datatype = datatype_of(array)
+        entry: dict[str, Any] = {"name": name, "datatype": datatype, "shape": list(array.shape)}
+        if name in binary:
+            raw = to_bytes(array, datatype)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            tail.append(raw)
+        else:
+            _check_finite(f"the model's output {name!r}", array,
+                          "JSON cannot carry it. Fix: ask for this output as binary data "
+                          "(parameters.binary_data_output), or check the model on this input.")
+            entry["data"] = array.reshape(-1).tolist()
+        tensors.append(entry)
+    return tensors, b"".join(tail)
+
+
+def json_rows(name: str, array: np.ndarray) -> Any:
+    """An output as nested lists for the simple form (refused if JSON cannot carry it)."""
+    _check_finite(f"the model's output {name!r}", array,
+                  "JSON cannot carry it. Fix: use the Open Inference Protocol's infer path with "
+                  "binary output, or check the model on this input.")
+    return array.tolist()
 
 
 def example_arrays(tensors: Mapping[str, Mapping[str, Any]]) -> dict[str, np.ndarray]:

@@ -4,23 +4,47 @@ Paths are relative to the deployment's route prefix ``/{name}``:
 
 - ``POST /`` the simple form: ``{"inputs": rows}`` -> ``{"predictions", "model"}``
 - Open Inference Protocol REST: ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``,
-  ``GET /v2/models/{name}[/versions/{rev}]``, ``.../ready``, ``POST .../infer``.
+  ``GET /v2/models/{name}[/versions/{rev}]``, ``.../ready``, ``POST .../infer`` (JSON, or
+  binary tensors after a JSON header: see ``_binary``).
+
+The root ``/v2`` gateway (``_gateway``) hands model paths to the same code.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
-from michelangelo.lib.serving._errors import BadRequest, MethodNotAllowed, NotFound, NotReady
-from michelangelo.lib.serving._oip import decode_infer, decode_simple, encode_outputs
+from michelangelo.lib.serving._binary import HEADER_LENGTH, parse_json, split_body
+from michelangelo.lib.serving._errors import MethodNotAllowed, NotFound, NotReady
+from michelangelo.lib.serving._oip import (
+    binary_outputs,
+    decode_infer,
+    decode_simple,
+    encode_infer_outputs,
+    json_rows,
+)
 
 Predict = Callable[[dict[str, np.ndarray]], Awaitable[dict[str, np.ndarray]]]
 SERVER_NAME = "michelangelo"
 PROTOCOL_VERSION = "2"
+EXTENSIONS = ["binary_tensor_data"]
+
+
+class Answer(NamedTuple):
+    """One answer: status, JSON body, and the binary outputs that follow it (if any)."""
+
+    status: int
+    body: Any
+    tail: bytes = b""
+
+
+def server_metadata(extensions: list[str] | None = None) -> dict[str, Any]:
+    """``GET /v2``: who answers and which protocol extensions it speaks."""
+    return {"name": SERVER_NAME, "version": PROTOCOL_VERSION,
+            "extensions": list(extensions if extensions is not None else EXTENSIONS)}
 
 
 class Routes:
@@ -43,32 +67,37 @@ class Routes:
         self.is_ready = is_ready
         self.version = str(info["revision_id"])
 
-    async def handle(self, method: str, path: str, read_body: Callable[[], Awaitable[bytes]]
-                     ) -> tuple[int, dict[str, Any]]:
-        """``(status, JSON body)`` for one request; raises only :class:`HTTPError`."""
+    async def handle(self, method: str, path: str, read_body: Callable[[], Awaitable[bytes]],
+                     headers: Mapping[str, str] | None = None) -> Answer:
+        """The :class:`Answer` to one request; raises only :class:`HTTPError`.
+
+        ``headers`` are the request's (lowercase names); ``Inference-Header-Content-Length``
+        marks a body with binary tensors after its JSON.
+        """
         parts = [p for p in path.split("/") if p]
         if not parts:
             _allow(method, "POST")
-            return 200, await self._simple(await _json(read_body))
+            return Answer(200, await self._simple(parse_json(await read_body())))
         if parts[0] != "v2":
             raise NotFound(f"no path {path!r} here. POST to this deployment's URL, or use the "
                            f"Open Inference Protocol paths under /v2 (model {self.name!r}).")
         rest = parts[1:]
         if not rest:
             _allow(method, "GET")
-            return 200, {"name": SERVER_NAME, "version": PROTOCOL_VERSION, "extensions": []}
+            return Answer(200, server_metadata())
         if rest[0] == "health" and len(rest) == 2 and rest[1] in ("live", "ready"):
             _allow(method, "GET")
             if rest[1] == "ready":
                 self._require_ready()
-                return 200, {"ready": True}
-            return 200, {"live": True}
+                return Answer(200, {"ready": True})
+            return Answer(200, {"live": True})
         if rest[0] == "models" and len(rest) >= 2:
-            return await self._model_path(method, rest[1], rest[2:], read_body)
+            return await self._model_path(method, rest[1], rest[2:], read_body, headers or {})
         raise NotFound(f"no Open Inference Protocol path {path!r}; see GET /v2/models/{self.name}.")
 
     async def _model_path(self, method: str, model: str, tail: list[str],
-                          read_body: Callable[[], Awaitable[bytes]]) -> tuple[int, dict[str, Any]]:
+                          read_body: Callable[[], Awaitable[bytes]],
+                          headers: Mapping[str, str]) -> Answer:
         if model != self.name:
             raise NotFound(f"model {model!r} is not served here; this deployment serves "
                            f"{self.name!r}.")
@@ -82,14 +111,15 @@ class Routes:
             tail = tail[2:]
         if not tail:
             _allow(method, "GET")
-            return 200, self.metadata()
+            return Answer(200, self.metadata())
         if tail == ["ready"]:
             _allow(method, "GET")
             self._require_ready()
-            return 200, {"name": self.name, "ready": True}
+            return Answer(200, {"name": self.name, "ready": True})
         if tail == ["infer"]:
             _allow(method, "POST")
-            return 200, await self._infer(await _json(read_body))
+            body, binary = split_body(await read_body(), headers.get(HEADER_LENGTH))
+            return await self._infer(body, binary)
         raise NotFound(f"no path {'/'.join(tail)!r} under model {self.name!r}; use "
                        "'', 'ready' or 'infer'.")
 
@@ -104,24 +134,25 @@ class Routes:
             "parameters": dict(self.info),
         }
 
-    async def _infer(self, body: Any) -> dict[str, Any]:
-        arrays, names = decode_infer(body, self.signature)
+    async def _infer(self, body: Any, binary: bytes = b"") -> Answer:
+        arrays, names = decode_infer(body, self.signature, binary)
         self._require_ready()
         outputs = await self.predict(arrays)
-        answer = {"model_name": self.name, "model_version": self.version,
-                  "outputs": encode_outputs(outputs, names)}
+        chosen = names if names is not None else list(outputs)
+        tensors, tail = encode_infer_outputs(outputs, chosen, binary_outputs(body, chosen))
+        answer = {"model_name": self.name, "model_version": self.version, "outputs": tensors}
         if isinstance(body.get("id"), str):
             answer["id"] = body["id"]
-        return answer
+        return Answer(200, answer, tail)
 
     async def _simple(self, body: Any) -> dict[str, Any]:
         arrays = decode_simple(body, self.signature)
         self._require_ready()
         outputs = await self.predict(arrays)
         if len(outputs) == 1:
-            predictions: Any = next(iter(outputs.values())).tolist()
+            predictions: Any = json_rows(*next(iter(outputs.items())))
         else:
-            predictions = {n: v.tolist() for n, v in outputs.items()}
+            predictions = {n: json_rows(n, v) for n, v in outputs.items()}
         return {"predictions": predictions, "model": self.info}
 
     def _require_ready(self) -> None:
@@ -133,16 +164,6 @@ class Routes:
 def _allow(method: str, allowed: str) -> None:
     if method != allowed:
         raise MethodNotAllowed(f"this path takes {allowed}, not {method}.")
-
-
-async def _json(read_body: Callable[[], Awaitable[bytes]]) -> Any:
-    raw = await read_body()
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"the body is not valid JSON ({exc}). Fix: send a JSON object, e.g. "
-                         '{"inputs": [[0.1, 0.2]]}, with Content-Type: application/json.'
-                         ) from None
 
 
 def _tensor_meta(spec: Mapping[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from michelangelo.uniflow.core._context import (
     register_run_option,
 )
 from michelangelo.uniflow.core._io import ValueIO, register_io
+from michelangelo.uniflow.core._logs import capture_output, console_stream
 from michelangelo.uniflow.core._plugin import TaskPlugin, register_plugin
 from michelangelo.uniflow.core._records import RunState, TaskState
 from michelangelo.uniflow.core._run import record_artifact
@@ -51,6 +52,8 @@ __all__ = [
     "UserError",
     "ValueIO",
     "Workflow",
+    "capture_output",
+    "console_stream",
     "create_context",
     "current_call",
     "record_artifact",

@@ -80,3 +80,14 @@ def register_drifting(registry):
     model = create_drifting()
     return registry.register("serving", "drifting", model=model, create_model_fn=create_drifting,
                              input_example=torch.randn(2, 2))
+
+
+class NanSafe(nn.Module):
+    """Treats NaN as 0 and clips infinities: a model that handles non-finite inputs."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nan_to_num(x, nan=0.0, posinf=1e6, neginf=-1e6).sum(dim=1, keepdim=True)
+
+
+def create_nan_safe() -> nn.Module:
+    return NanSafe()

@@ -137,6 +137,138 @@ def test_open_inference_protocol_paths(env):
             ("y", "FP32", [1, 1])]
 
 
+def test_the_protocol_at_the_server_root_dispatches_by_model_name(env):
+    base, rows = f"http://127.0.0.1:{env['port']}", env["rows"]
+    assert _request("GET", f"{base}/v2/health/live") == (200, {"live": True})
+    assert _request("GET", f"{base}/v2/health/ready") == (200, {"ready": True})
+    status, meta = _request("GET", f"{base}/v2")
+    assert status == 200 and "binary_tensor_data" in meta["extensions"]
+    for method in ("GET", "POST"):
+        assert _request(method, f"{base}/v2/repository/index") == (
+            200, [{"name": "rows", "state": "READY", "version": "1"}])
+    for model in ("/v2/models/rows", "/v2/models/rows/versions/1"):
+        assert _request("GET", base + model) == _request("GET", rows.url + model)
+        assert _request("GET", base + model + "/ready") == (200, {"name": "rows", "ready": True})
+        status, out = _request("POST", base + model + "/infer", {
+            "id": "r", "inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32",
+                                   "data": [1, 2, 3, 4]}], "outputs": [{"name": "y"}]})
+        assert status == 200 and out["id"] == "r" and out["outputs"][0]["shape"] == [1, 1]
+    assert rows.root_infer_url == f"{base}/v2/models/rows/infer"
+    for path, method, status, fragment in [
+            ("/v2/models/nope/infer", "POST", 404, "models: ['rows']"),
+            ("/v2/models/rows/versions/9/ready", "GET", 404, "serves revision 1"),
+            ("/v2/models/rows/infer", "GET", 405, "takes POST"),
+            ("/v2/health/live", "POST", 405, "takes GET"),
+            ("/v2/nothing", "GET", 404, "repository/index")]:
+        got, answer = _request(method, base + path, body={} if method == "POST" else None)
+        assert got == status and fragment in answer["error"], (path, answer)
+    big = {"inputs": [{"name": "input", "shape": [4000, 4], "datatype": "FP32",
+                       "data": [0.5] * 16000}]}
+    got, answer = _request("POST", f"{base}/v2/models/rows/infer", big)
+    assert got == 413 and "max_request_bytes=65536" in answer["error"]
+
+
+def test_the_root_dispatches_among_several_deployments_and_forgets_deleted_ones(env):
+    base, registry = f"http://127.0.0.1:{env['port']}", env["registry"]
+    other = serving.deploy(env["specs"]["rows2"], name="other", registry=registry,
+                           port=env["port"])
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    body = {"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32",
+                        "data": x.reshape(-1).tolist()}], "outputs": [{"name": "y"}]}
+    try:
+        status, index = _request("GET", f"{base}/v2/repository/index")
+        assert status == 200 and [(m["name"], m["version"]) for m in index] == [
+            ("other", "2"), ("rows", "1")]
+        for name, spec in (("rows", env["rows"].spec), ("other", other.spec)):
+            status, out = _request("POST", f"{base}/v2/models/{name}/infer", body)
+            assert status == 200 and out["model_name"] == name
+            np.testing.assert_allclose(out["outputs"][0]["data"],
+                                       _expected(registry, spec, x).reshape(-1), rtol=1e-5)
+    finally:
+        other.delete()
+    status, answer = _request("POST", f"{base}/v2/models/other/infer", body, timeout=30)
+    assert status in (404, 503) and "other" in answer["error"], answer
+    time.sleep(2.5)  # past the gateway's memory of what it has seen
+    status, answer = _request("POST", f"{base}/v2/models/other/infer", body, timeout=30)
+    assert status == 404 and "models: ['rows']" in answer["error"], answer
+
+
+def _strict(payload):
+    def refuse(token):
+        raise ValueError(f"bare {token} in the answer")
+
+    return json.loads(payload, parse_constant=refuse)
+
+
+def test_tritonclient_with_its_defaults_over_host_and_port(env):
+    import tritonclient.http as triton
+
+    registry, spec = env["registry"], env["rows"].spec
+    client = triton.InferenceServerClient(f"127.0.0.1:{env['port']}")  # no base path
+    try:
+        assert client.is_server_live() and client.is_server_ready()
+        assert client.is_model_ready("rows") and client.is_model_ready("rows", "1")
+        meta = client.get_model_metadata("rows")
+        assert meta["versions"] == ["1"] and meta["inputs"][0]["datatype"] == "FP32"
+        assert [m["name"] for m in client.get_model_repository_index()] == ["rows"]
+        x = np.random.default_rng(3).normal(size=(5, 4)).astype(np.float32)
+        tensor = triton.InferInput("input", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)  # binary, the client's default
+        result = client.infer("rows", [tensor])  # no outputs named: all come back binary
+        assert result.get_output("y")["parameters"]["binary_data_size"] == 5 * 4
+        np.testing.assert_allclose(result.as_numpy("y"), _expected(registry, spec, x),
+                                   rtol=1e-5, atol=1e-6)
+        assert result.as_numpy("batch_rows").dtype == np.int64
+        asked = [triton.InferRequestedOutput("y", binary_data=False)]
+        result = client.infer("rows", [tensor], outputs=asked, model_version="1")
+        assert result.get_output("y")["data"] == pytest.approx(
+            _expected(registry, spec, x).reshape(-1).tolist(), rel=1e-5)
+        bad = triton.InferInput("input", [1, 4], "FP32")
+        bad.set_data_from_numpy(np.array([[0, 1, np.nan, 3]], dtype=np.float32))
+        with pytest.raises(triton.InferenceServerException, match=r"position \[0, 2\]"):
+            client.infer("rows", [bad])
+    finally:
+        client.close()
+
+
+def test_binary_under_the_prefix_and_non_finite_json_is_refused_in_strict_json(env):
+    rows = env["rows"]
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    header = json.dumps({"inputs": [{"name": "input", "shape": [2, 4], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": x.nbytes}}],
+                         "parameters": {"binary_data_output": True}}).encode()
+    conn = http.client.HTTPConnection("127.0.0.1", env["port"], timeout=60)
+    try:
+        conn.request("POST", "/rows/v2/models/rows/infer", body=header + x.tobytes(),
+                     headers={"Inference-Header-Content-Length": str(len(header))})
+        resp = conn.getresponse()
+        content = resp.read()
+        assert resp.status == 200, content
+        size = int(resp.getheader("Inference-Header-Content-Length"))
+        answer = _strict(content[:size])
+        y = answer["outputs"][0]
+        assert y["name"] == "y" and y["parameters"] == {"binary_data_size": 8}
+        np.testing.assert_allclose(np.frombuffer(content[size:size + 8], dtype="<f4"),
+                                   _expected(env["registry"], rows.spec, x).reshape(-1),
+                                   rtol=1e-5)
+    finally:
+        conn.close()
+    for raw, shown in [(b"NaN", "NaN at position [0, 1]"),
+                       (b"1e400", "Infinity (or a number too large for the datatype) at "
+                                  "position [0, 1]")]:
+        body = b'{"inputs": [[1.0, ' + raw + b', 2.0, 3.0]]}'
+        for url in (rows.url, f"{rows.base_url}/v2/models/rows/infer"):
+            data = body if url == rows.url else (
+                b'{"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32", '
+                b'"data": [1.0, ' + raw + b", 2.0, 3.0]}]}")
+            req = urllib.request.Request(url, data=data, method="POST")
+            with pytest.raises(urllib.error.HTTPError) as caught:
+                urllib.request.urlopen(req, timeout=60)
+            assert caught.value.code == 400
+            error = _strict(caught.value.read())["error"]
+            assert "input 'input'" in error and shown in error, error
+
+
 @pytest.mark.parametrize("path, body, status, fragment", [
     ("", b"{oops", 400, "not valid JSON"),
     ("", {"inputs": [[1, 2, 3]]}, 400, "dimension 1 is 3"),
@@ -210,37 +342,74 @@ def test_failed_readiness_fails_the_deploy_with_the_reason(env):
     assert "drifting" not in [d.name for d in serving.list_deployments()]
 
 
-def test_redeploy_swaps_the_revision_with_zero_failed_requests(env):
-    url, stop = env["rows"].url, threading.Event()
-    seen, failures = [], []
+class _SteadyStream:
+    """Two clients sending one row after another: one on the endpoint's prefix, one at the
+    server's root. Records each answer's revision and every failure."""
 
-    def stream():
-        while not stop.is_set():
-            status, body = _request("POST", url, {"inputs": [[1, 2, 3, 4]]})
-            if status == 200:
-                seen.append(body["model"]["revision_id"])
+    def __init__(self, env):
+        root = {"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32",
+                            "data": [1, 2, 3, 4]}]}
+        self.targets = [(env["rows"].url, {"inputs": [[1, 2, 3, 4]]}),
+                        (env["rows"].root_infer_url, root)]
+        self.stop, self.seen, self.failures = threading.Event(), [], []
+        self.threads = [threading.Thread(target=self._run, args=t) for t in self.targets]
+
+    def _run(self, url, body):
+        while not self.stop.is_set():
+            status, answer = _request("POST", url, body)
+            if status != 200:
+                self.failures.append((url, status, answer))
+            elif "model" in answer:
+                self.seen.append(answer["model"]["revision_id"])
             else:
-                failures.append((status, body))
+                self.seen.append(int(answer["model_version"]))
             time.sleep(0.01)
 
-    threads = [threading.Thread(target=stream) for _ in range(2)]
-    for t in threads:
-        t.start()
-    try:
+    def __enter__(self):
+        for t in self.threads:
+            t.start()
+        return self
+
+    def wait_for(self, done, timeout=60):
+        deadline = time.monotonic() + timeout
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        for t in self.threads:
+            t.join()
+
+
+def test_a_redeploy_that_fails_readiness_takes_no_traffic_under_load(env):
+    from ray import serve
+
+    with _SteadyStream(env) as stream:
+        stream.wait_for(lambda: len(stream.seen) >= 10)
+        with pytest.raises(serving.DeploymentError,
+                           match="failed readiness.*keeps serving.*differs from the one"):
+            serving.deploy(env["specs"]["drifting"], name="rows", registry=env["registry"],
+                           port=env["port"], max_batch_size=MAX_BATCH,
+                           batch_wait_timeout_s=0.05, max_request_bytes=64 * 1024)
+        after = len(stream.seen)
+        stream.wait_for(lambda: len(stream.seen) >= after + 20)
+    assert stream.failures == []
+    assert set(stream.seen) == {1} and len(stream.seen) >= after + 20
+    assert serving.get_deployment("rows").spec.revision_id == 1
+    assert [d.name for d in serving.list_deployments()] == ["rows"]
+    assert [n for n in serve.status().applications if n.startswith("_candidate")] == []
+
+
+def test_redeploy_swaps_the_revision_with_zero_failed_requests(env):
+    with _SteadyStream(env) as stream:
         # Moving an alias and deploying it again is how a new champion goes live.
         env["registry"].set_alias("serving", "rows", "champion", env["specs"]["rows2"].revision_id)
         swapped = serving.deploy("serving/rows@champion", name="rows", registry=env["registry"],
                                  port=env["port"], max_batch_size=MAX_BATCH,
                                  batch_wait_timeout_s=0.05, max_request_bytes=64 * 1024)
-        deadline = time.monotonic() + 60
-        while seen[-20:].count(2) < 20 and time.monotonic() < deadline:
-            time.sleep(0.1)
-    finally:
-        stop.set()
-        for t in threads:
-            t.join()
-    assert failures == []
-    assert swapped.spec.revision_id == 2 and 1 in seen and seen[-1] == 2
+        stream.wait_for(lambda: stream.seen[-20:].count(2) == 20)
+    assert stream.failures == []
+    assert swapped.spec.revision_id == 2 and 1 in stream.seen and stream.seen[-1] == 2
     assert serving.get_deployment("rows").spec.revision_id == 2
 
 

@@ -82,3 +82,31 @@ def test_description_validates_and_renders_a_serve_config():
         kwargs = {**d.to_dict(), field: value}
         with pytest.raises(ValueError, match=fragment.replace("/", "/")):
             DeploymentDescription(**kwargs)
+
+
+def test_a_signature_may_allow_non_finite_inputs(registry):
+    import torch
+
+    from michelangelo.lib.serving._errors import BadRequest
+    from michelangelo.lib.serving._oip import decode_simple
+
+    example = torch.tensor([[1.0, float("nan")], [float("inf"), 2.0]])
+    spec = registry.register("serving", "nansafe", model=serving_models.create_nan_safe(),
+                             create_model_fn=serving_models.create_nan_safe,
+                             input_example=example, allow_non_finite=["input"])
+    served = ServedModel.load(registry.url, spec)  # the replay compares NaN with NaN
+    assert served.signature["inputs"][0]["allow_non_finite"] is True
+    rows = decode_simple({"inputs": [[float("nan"), 1.0]]}, served.signature)
+    assert served.forward(rows)["output"].tolist() == [[1.0]]
+    plain = registry.register("serving", "nansafe", model=serving_models.create_nan_safe(),
+                              create_model_fn=serving_models.create_nan_safe,
+                              input_example=torch.ones(1, 2))
+    with pytest.raises(BadRequest, match=r"input 'input'.*NaN at position \[0, 0\]"):
+        decode_simple({"inputs": [[float("nan"), 1.0]]}, registry.get(plain).signature)
+    for allow, fragment in [(["nope"], r"inputs are \[.input.\]"), ("input", "list of input")]:
+        with pytest.raises(ValueError, match=fragment):
+            registry.register("serving", "nansafe", model=serving_models.create_nan_safe(),
+                              input_example=torch.ones(1, 2), allow_non_finite=allow)
+    with pytest.raises(ValueError, match="needs input_example"):
+        registry.register("serving", "nansafe", model=serving_models.create_nan_safe(),
+                          allow_non_finite=True)

@@ -23,7 +23,9 @@ def _call(routes, method, path, body=b""):
         return body if isinstance(body, bytes) else json.dumps(body).encode()
 
     try:
-        return asyncio.run(routes.handle(method, path, read))
+        answer = asyncio.run(routes.handle(method, path, read))
+        assert answer.tail == b""
+        return answer.status, answer.body
     except HTTPError as exc:
         return exc.status, exc.body()
 
@@ -40,7 +42,7 @@ def test_simple_form_and_server_paths(routes):
     status, body = _call(routes, "POST", "/", {"inputs": [[1, 2], [3, 4]]})
     assert status == 200 and body == {"predictions": [[3.0], [7.0]], "model": INFO}
     assert _call(routes, "GET", "/v2") == (200, {"name": "michelangelo", "version": "2",
-                                                 "extensions": []})
+                                                 "extensions": ["binary_tensor_data"]})
     assert _call(routes, "GET", "/v2/health/live") == (200, {"live": True})
     assert _call(routes, "GET", "/v2/health/ready") == (200, {"ready": True})
 
