@@ -21,6 +21,7 @@ from michelangelo.uniflow.plugins.ray.kuberay._kube import KubeApi
 from michelangelo.uniflow.plugins.ray.kuberay._manifest import (
     HEAD_PORTS,
     MANAGED_LABEL,
+    check_kuberay_name,
     ray_cluster_manifest,
 )
 from michelangelo.uniflow.plugins.ray.kuberay._provisioner import (
@@ -32,6 +33,8 @@ from michelangelo.uniflow.plugins.ray.kuberay._provisioner import (
 
 SERVING = "uniflow-serving"  # MANAGED_LABEL value of RayServices (run clusters: "uniflow")
 _POLL_S = 1.0
+# KubeRay 1.7 refuses longer RayService names (its RayCluster limit, 53, less a suffix of 6).
+MAX_SERVICE_NAME = 47
 
 
 def ray_service_manifest(serve_config: dict[str, Any], task: RayTask, *, name: str,
@@ -53,7 +56,13 @@ def ray_service_manifest(serve_config: dict[str, Any], task: RayTask, *, name: s
         working_dir: A zip URI (``s3://``, ``gs://``, ``file://``) every application runs in,
             e.g. the project that defines the model factory.
         serve_node_port: Expose the Serve proxy on this NodePort (a host-mapped sandbox).
+
+    Raises:
+        ValueError: ``name`` is not a RayService name KubeRay accepts (a DNS-1035 label of
+            at most 47 characters), or another field is invalid.
     """
+    check_kuberay_name("deployment name", name, max_len=MAX_SERVICE_NAME, kind="RayService",
+                       example="churn-model")
     cluster = ray_cluster_manifest(task, name=name, namespace=namespace, image=image,
                                    labels=labels, storage_secret=storage_secret)
     config = dict(serve_config)
