@@ -5,7 +5,8 @@ The real operator cannot be built here (it needs the Go module proxy). This doub
 part our provisioner relies on, the way KubeRay 1.7 documents it: one head pod and
 ``replicas`` worker pods per RayCluster, labelled ``ray.io/cluster``, ``ray.io/node-type`` and
 ``ray.io/group``, whose container runs ``ray start`` with the ``rayStartParams``; a
-``<name>-head-svc`` Service; the ``HeadPodReady`` and ``RayClusterProvisioned`` conditions.
+``<name>-head-svc`` Service; the ``HeadPodReady`` and ``RayClusterProvisioned`` conditions
+(the latter, as KubeRay's, True once the pods that exist are ready, however many exist).
 No kube-controller-manager runs on the test plane either, so the double also does the garbage
 collector's share for its own objects: when a RayCluster is being deleted in the foreground it
 deletes the pods and Service it made, then lifts the ``foregroundDeletion`` finalizer.
@@ -142,9 +143,14 @@ class OperatorDouble:
             "workerGroupSpecs", []))
         head_ready = bool(head) and ready(head[0])
         ready_workers = sum(1 for p in workers if ready(p))
-        provisioned = head_ready and ready_workers >= desired
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         old = {c["type"]: c for c in (cluster.get("status") or {}).get("conditions", [])}
+        # As KubeRay 1.7's calculateStatus: Provisioned once every pod that exists runs and is
+        # ready, without counting them, and it stays so; state "ready" does count them.
+        all_running = bool(pods) and all(p.status.phase == "Running" and ready(p) for p in pods)
+        provisioned = all_running or (old.get("RayClusterProvisioned") or {}).get(
+            "status") == "True"
+        counted = all_running and len(pods) == desired + 1
 
         def condition(kind: str, ok: bool, reason: str) -> dict[str, Any]:
             status = "True" if ok else "False"
@@ -165,7 +171,8 @@ class OperatorDouble:
             "desiredWorkerReplicas": desired,
             "readyWorkerReplicas": ready_workers,
             "availableWorkerReplicas": ready_workers,
-            "state": "ready" if provisioned else "",
+            "state": "ready" if counted or (cluster.get("status") or {}).get("state") == "ready"
+            else "",
         }
         if head and head[0].status.pod_ip:
             status["head"] = {"podIP": head[0].status.pod_ip, "podName": head[0].metadata.name}

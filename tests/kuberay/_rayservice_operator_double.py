@@ -5,9 +5,9 @@ RayService objects in; a RayCluster, the Serve config submitted to its dashboard
 As KubeRay does: a RayService gets a RayCluster named ``<name>-raycluster-<suffix>`` from its
 ``rayClusterConfig`` (owned by it, labelled ``ray.io/originated-from-crd``); once that
 cluster's head is ready, ``serveConfigV2`` goes to the dashboard's Serve REST API
-(``PUT /api/serve/applications/``); when every application is ``RUNNING`` the service is
-``Ready``. A changed Serve config alone is applied in place; a changed cluster config gets a
-new pending cluster (``UpgradeInProgress``) that replaces the active one once it serves.
+(``PUT /api/serve/applications/``), the statuses read before it as KubeRay reads them; when
+every application is ``RUNNING`` the service is ``Ready``. A changed Serve config alone is
+applied in place; a changed cluster config gets a new pending cluster (``UpgradeInProgress``) that replaces the active one once it serves.
 The one liberty: Serve's ``0.0.0.0`` means every interface of the pod, and here a pod is a
 loopback address, so the proxy binds the head pod's own address instead.
 """
@@ -95,8 +95,7 @@ class RayServiceControllerDouble:
                            f"{name} is {a.get('status', '')}"} for name, a in apps.items()}
         ready = active is not None and running and pending is None
         new = {
-            "observedGeneration": meta.get("generation", 1) if ready or pending is not None
-            else status.get("observedGeneration", 0),
+            "observedGeneration": meta.get("generation", 1),  # as calculateStatus, every pass
             "numServeEndpoints": 1 if ready else 0,
             "conditions": [
                 self._condition(status, "Ready", ready, "NonZeroServeEndpoints" if ready
@@ -152,6 +151,14 @@ class RayServiceControllerDouble:
         config = yaml.safe_load(serve_config_v2)
         config.setdefault("http_options", {})["host"] = ip  # a pod's 0.0.0.0 (see above)
         digest = _digest(config)
+        # As KubeRay's reconcileServe: the statuses are read before a changed config is
+        # submitted, so the pass that submits it still reports the old applications.
+        try:
+            with urllib.request.urlopen(f"{dashboard}/api/serve/applications/",
+                                        timeout=10) as response:
+                apps = json.loads(response.read()).get("applications") or {}
+        except (OSError, ValueError):
+            return {}  # the dashboard is still starting: next pass
         if self._submitted.get(name) != digest:
             request = urllib.request.Request(
                 f"{dashboard}/api/serve/applications/", data=json.dumps(config).encode(),
@@ -159,14 +166,9 @@ class RayServiceControllerDouble:
             try:
                 urllib.request.urlopen(request, timeout=60).close()
             except OSError:
-                return {}  # the dashboard is still starting: next pass
+                return {}
             self._submitted[name] = digest
-        try:
-            with urllib.request.urlopen(f"{dashboard}/api/serve/applications/",
-                                        timeout=10) as response:
-                return json.loads(response.read()).get("applications") or {}
-        except (OSError, ValueError):
-            return {}
+        return apps
 
     def _serve_service(self, service: dict[str, Any], cluster: str) -> None:
         meta = service["metadata"]

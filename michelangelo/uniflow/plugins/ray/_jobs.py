@@ -62,6 +62,25 @@ class JobsCluster:
             self.address,
         )
 
+    def probe(self, entrypoint: str, *, deadline_s: float = 300.0) -> str:
+        """Run a short job with no runtime_env and return its output (for checks).
+
+        Raises:
+            ClusterError: The job did not succeed (with its status, message and output).
+        """
+        import uuid
+
+        chunks: list[str] = []
+        status, message = self.run_job(entrypoint=entrypoint, runtime_env={},
+                                       submission_id=f"uniflow-probe-{uuid.uuid4().hex[:12]}",
+                                       deadline_s=deadline_s, echo=chunks.append)
+        output = "".join(chunks)
+        if status != "SUCCEEDED":
+            raise ClusterError(
+                f"a check job on {self.address} ended {status}: {message.strip() or 'no message'}."
+                f" Its output ends with:\n{output[-3000:] or '(nothing)'}")
+        return output
+
     def live_shape(self) -> ClusterShape:
         """The cluster's alive nodes and their total logical resources."""
         data = self._get("/api/v0/nodes?detail=1&limit=10000")

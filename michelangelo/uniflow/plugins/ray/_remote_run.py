@@ -3,7 +3,9 @@
 ``python wf.py remote-run --ray-address http://HOST:8265`` (or ``michelangelo run FILE:WF
 --ray-address ...``). Per run, once: the address is checked, the client's and the cluster's
 Ray and Python versions are compared, and the project folder is zipped. Per RayTask shape,
-once: the shape is checked against the cluster's live nodes. Per attempt: a job whose
+once: the shape is checked against the cluster's live nodes. Per cluster, once, before its
+first task job: a probe job finds whether the jobs' python has this SDK (``_sdk_probe``);
+when only the SDK is missing, every job carries this client's copy of it. Per attempt: a job whose
 entrypoint (``_remote_entry``) runs the body from the call description uniflow stored.
 """
 
@@ -24,6 +26,13 @@ from michelangelo.uniflow.core._runtime import current_call
 from michelangelo.uniflow.core.errors import UserError
 from michelangelo.uniflow.plugins.ray._config import RayTask
 from michelangelo.uniflow.plugins.ray._jobs import JobFailedError, JobsCluster
+from michelangelo.uniflow.plugins.ray._sdk_probe import (
+    client_package_dir,
+    client_version,
+    needs_shipping,
+    parse_probe,
+    probe_entrypoint,
+)
 from michelangelo.uniflow.plugins.ray._working_dir import PackedProject, pack_project, project_root
 
 OPTION = "ray_address"
@@ -90,7 +99,9 @@ class _RemoteState:
                 "process, so the cluster cannot read inputs or write results there. Use "
                 "--storage-url with a place both can reach (s3://..., gs://..., a shared folder)."
             )
+        self.run = run
         self.cluster: JobsCluster | None = None
+        self._ship_sdk: dict[str, bool] = {}  # cluster address -> jobs carry this SDK
         if address:
             self.use(address)
         self.packed: PackedProject | None = None
@@ -103,6 +114,35 @@ class _RemoteState:
             cluster.check_versions()
             self.cluster = cluster
         return self.cluster
+
+    def ship_sdk(self, cluster: JobsCluster) -> bool:
+        """Whether jobs on ``cluster`` must carry this client's SDK (raises when that won't do).
+
+        Probed once per cluster, just before its first task job (after the capacity check,
+        so a task that can never fit submits nothing).
+        """
+        if cluster.address not in self._ship_sdk:
+            try:
+                self._ship_sdk[cluster.address] = self._check_sdk(cluster)
+            except Exception as exc:
+                exc.uniflow_retryable = False  # type: ignore[attr-defined]  # stays wrong
+                raise
+        return self._ship_sdk[cluster.address]
+
+    def _check_sdk(self, cluster: JobsCluster) -> bool:
+        python = os.environ.get(ENV_JOB_PYTHON, "python")
+        found = parse_probe(cluster.probe(probe_entrypoint(python)))
+        if found is None:
+            raise UserError(
+                f"the SDK check job on {cluster.address} printed no report, so {python!r} there "
+                f"may not be a Python. Fix: set {ENV_JOB_PYTHON} to the cluster's python.")
+        ship = needs_shipping(found, address=cluster.address, python_env=ENV_JOB_PYTHON)
+        if ship:
+            have = f"michelangelo {found.version}" if found.version else "no michelangelo"
+            self.run.info(f"remote-run: {found.python} on {cluster.address} has {have}; each "
+                          f"job carries this client's michelangelo {client_version()} "
+                          "(runtime_env py_modules)")
+        return ship
 
     def project(self, source_file: str) -> PackedProject:
         root = project_root(source_file)
@@ -160,6 +200,9 @@ def submit(config: RayTask, run: Run, call: RemoteCall) -> None:
             "as the job's working_dir itself; drop 'working_dir' (use py_modules for more code)."
         )
     runtime_env["working_dir"] = packed.zip_path
+    assert state.cluster is not None
+    if state.ship_sdk(state.cluster):
+        runtime_env["py_modules"] = [*runtime_env.get("py_modules", []), client_package_dir()]
     # The job sees the run's storage as this process does, so libraries that default to a
     # place under it (the model registry) find the same things on both sides.
     shared = {"UF_STORAGE_URL": call.storage_url}

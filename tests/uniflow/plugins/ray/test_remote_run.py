@@ -231,3 +231,44 @@ def test_ctrl_c_stops_the_running_job(cluster, storage):
             proc.kill()
     assert proc.returncode != 0
     assert str(client.get_job_status(job)) in ("STOPPED", "JobStatus.STOPPED")
+
+
+def _job_python(tmp_path, *, site_packages: bool) -> str:
+    """A `python` for the cluster's jobs without this SDK, as on a stock Ray image: this
+    interpreter without its site hooks (which is how the editable install is found), with
+    its site-packages on PYTHONPATH (the rest of the stack) or without (nothing at all)."""
+    import sysconfig
+
+    path = tmp_path / ("python-no-sdk" if site_packages else "python-bare")
+    extra = (f'PYTHONPATH="{sysconfig.get_paths()["purelib"]}${{PYTHONPATH:+:$PYTHONPATH}}" '
+             if site_packages else "")
+    path.write_text(f'#!/bin/sh\n{extra}exec "{sys.executable}" -S "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_a_cluster_python_without_the_sdk_gets_this_clients_copy(cluster, storage, tmp_path):
+    env = cluster.client_env(storage)
+    env.update(WF="slow", WF_SECONDS="0", UF_RAY_JOB_PYTHON=_job_python(tmp_path,
+                                                                       site_packages=True),
+               UF_RAY_WORKING_DIR=HERE)  # a project without the package in it
+    done = _run([sys.executable, WORKFLOWS, "remote-run", "--ray-address",
+                 cluster.dashboard_url], env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert "result: 'slept'" in done.stdout
+    assert "has no michelangelo; each job carries this client's michelangelo" in \
+        done.stdout + done.stderr
+
+
+def test_a_cluster_python_without_the_stack_fails_before_the_tasks_job(cluster, storage,
+                                                                        tmp_path):
+    before = {job.submission_id for job in _jobs(cluster).list_jobs()}
+    env = cluster.client_env(storage)
+    env.update(WF="slow", WF_SECONDS="0", UF_RAY_JOB_PYTHON=_job_python(tmp_path,
+                                                                       site_packages=False))
+    done = _run([sys.executable, WORKFLOWS, "remote-run", "--ray-address",
+                 cluster.dashboard_url], env)
+    assert done.returncode != 0
+    assert "which lacks ray, fsspec" in done.stderr and "UF_RAY_JOB_PYTHON" in done.stderr
+    new = {job.submission_id for job in _jobs(cluster).list_jobs()} - before
+    assert new and all(job.startswith("uniflow-probe-") for job in new), new

@@ -15,6 +15,11 @@ from michelangelo.uniflow.plugins.ray._quantity import format_bytes, parse_quant
 
 _CHECKED = ("cpu", "memory", "nvidia.com/gpu", "ephemeral-storage")
 _BYTES = ("memory", "ephemeral-storage")
+# The init container KubeRay (1.7) adds to every worker pod to wait for the head's GCS, with
+# its fixed requests; the scheduler reserves the larger of it and the pod's containers.
+WAIT_GCS_READY = {"name": "wait-gcs-ready",
+                  "resources": {"requests": {"cpu": "200m", "memory": "256Mi"},
+                                "limits": {"cpu": "200m", "memory": "256Mi"}}}
 
 
 class ClusterFitError(ValueError):
@@ -38,7 +43,11 @@ def pod_requests(manifest: dict[str, Any]) -> list[tuple[str, dict[str, Decimal]
     spec = manifest["spec"]
     pods = [("head pod", _requests(spec["headGroupSpec"]["template"]))]
     for group in spec.get("workerGroupSpecs", []):
-        need = _requests(group["template"])
+        template = group["template"]
+        pod_spec = template.get("spec") or {}
+        need = _requests({**template, "spec": {
+            **pod_spec, "initContainers": [*(pod_spec.get("initContainers") or []),
+                                           WAIT_GCS_READY]}})
         count = int(group.get("replicas", 0)) * int(group.get("numOfHosts", 1) or 1)
         pods += [(f"worker pod {i + 1}/{count} of group {group['groupName']!r}", need)
                  for i in range(count)]
@@ -113,14 +122,23 @@ def _free_by_node(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> li
 
 
 def _requests(template: dict[str, Any]) -> dict[str, Decimal]:
+    """A pod's effective requests, as the scheduler counts them: per resource, the sum over
+    its containers or the largest init container's, whichever is more."""
+    spec = template.get("spec") or {}
     total: dict[str, Decimal] = {}
-    for container in (template.get("spec") or {}).get("containers") or []:
-        resources = container.get("resources") or {}
-        asked = resources.get("requests") or resources.get("limits") or {}
-        for key in _CHECKED:
-            if key in asked:
-                total[key] = total.get(key, Decimal(0)) + _quantity(asked[key], key)
+    for container in spec.get("containers") or []:
+        for key, amount in _container_requests(container).items():
+            total[key] = total.get(key, Decimal(0)) + amount
+    for container in spec.get("initContainers") or []:
+        for key, amount in _container_requests(container).items():
+            total[key] = max(total.get(key, Decimal(0)), amount)
     return total
+
+
+def _container_requests(container: dict[str, Any]) -> dict[str, Decimal]:
+    resources = container.get("resources") or {}
+    asked = resources.get("requests") or resources.get("limits") or {}
+    return {key: _quantity(asked[key], key) for key in _CHECKED if key in asked}
 
 
 def _quantity(value: Any, key: str) -> Decimal:

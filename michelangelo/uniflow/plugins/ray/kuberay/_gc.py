@@ -20,6 +20,7 @@ from michelangelo.uniflow.plugins.ray.kuberay._manifest import (
     RUN_LABEL,
     TASK_LABEL,
 )
+from michelangelo.uniflow.plugins.ray.kuberay._status import status_ready
 
 
 @dataclass(frozen=True)
@@ -48,9 +49,7 @@ def managed_clusters(api: KubeApi, store: RunStore | None, *, namespace: str | N
         run_id = labels.get(RUN_LABEL, "")
         expires = _float((meta.get("annotations") or {}).get(EXPIRES_ANNOTATION))
         garbage, reason = _verdict(run_id, expires, store, now)
-        conditions = (obj.get("status") or {}).get("conditions") or []
-        ready = any(c.get("type") == "RayClusterProvisioned" and c.get("status") == "True"
-                    for c in conditions)
+        ready = status_ready(obj)
         out.append(ManagedCluster(meta.get("namespace", ""), meta["name"], run_id,
                                   labels.get(TASK_LABEL, ""), meta.get("creationTimestamp", ""),
                                   expires, ready, garbage, reason))

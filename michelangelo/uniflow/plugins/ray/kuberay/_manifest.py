@@ -29,8 +29,12 @@ DEFAULT_TTL_S = 24 * 3600
 
 # Ports a Ray head serves (KubeRay names them so its head Service exposes them).
 HEAD_PORTS = {"gcs": 6379, "dashboard": 8265, "client": 10001, "serve": 8000}
+# The metrics port KubeRay gives every Ray node (its ``metrics-export-port`` default).
+METRICS_PORT = ("metrics", 8080)
 
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+# KubeRay names its objects DNS-1035 labels: a letter first (utils/validation.go).
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
@@ -57,8 +61,8 @@ def ray_cluster_manifest(
 
     Args:
         task: The cluster shape.
-        name: The RayCluster's name (a DNS-1123 label, at most 50 characters so that the
-            names KubeRay derives from it stay valid).
+        name: The RayCluster's name (a DNS-1035 label, as KubeRay requires, at most 50
+            characters so that the names KubeRay derives from it stay valid).
         namespace: Where it is created.
         image: Container image of every node; defaults to ``rayproject/ray`` at this client's
             Ray and Python versions, which the cluster must match.
@@ -79,7 +83,7 @@ def ray_cluster_manifest(
     Raises:
         ValueError: If ``name``, ``namespace`` or a label is not valid for Kubernetes.
     """
-    _check_name("name", name, max_len=50)
+    check_kuberay_name("name", name, max_len=50)
     _check_name("namespace", namespace, max_len=63)
     all_labels = {MANAGED_LABEL: "uniflow", **(labels or {})}
     for key, value in all_labels.items():
@@ -97,6 +101,11 @@ def ray_cluster_manifest(
     head = node_resources(task, "head")
     worker = node_resources(task, "worker")
     head_params = {**_start_params(head), "dashboard-host": "0.0.0.0"}
+    head_node_ports = dict(head_node_ports or {})
+    unknown = sorted(set(head_node_ports) - set(HEAD_PORTS))
+    if unknown:
+        raise ValueError(f"head_node_ports names {unknown}; the head ports are "
+                         f"{sorted(HEAD_PORTS)}.")
     import ray
 
     spec: dict[str, Any] = {
@@ -104,15 +113,12 @@ def ray_cluster_manifest(
         "enableInTreeAutoscaling": False,
         "headGroupSpec": {
             "rayStartParams": head_params,
-            "template": _pod_template(head, "ray-head", image, all_labels, env, head=True),
+            "template": _pod_template(head, "ray-head", image, all_labels, env,
+                                      head_ports=_container_ports(head_node_ports)),
         },
         "workerGroupSpecs": [],
     }
     if head_node_ports:
-        unknown = sorted(set(head_node_ports) - set(HEAD_PORTS))
-        if unknown:
-            raise ValueError(f"head_node_ports names {unknown}; the head ports are "
-                             f"{sorted(HEAD_PORTS)}.")
         spec["headGroupSpec"]["serviceType"] = "NodePort"
         spec["headGroupSpec"]["headService"] = {"spec": {"type": "NodePort", "ports": [
             {"name": port_name, "port": HEAD_PORTS[port_name], "nodePort": node_port}
@@ -124,7 +130,7 @@ def ray_cluster_manifest(
             "minReplicas": task.worker_instances,
             "maxReplicas": task.worker_instances,
             "rayStartParams": _start_params(worker),
-            "template": _pod_template(worker, "ray-worker", image, all_labels, env, head=False),
+            "template": _pod_template(worker, "ray-worker", image, all_labels, env),
         })
     return {
         "apiVersion": "ray.io/v1",
@@ -139,12 +145,28 @@ def ray_cluster_manifest(
     }
 
 
+def _container_ports(head_node_ports: dict[str, int]) -> list[dict[str, Any]]:
+    """The head container's declared ports: those the custom head Service does not carry.
+
+    KubeRay builds the head Service from the container's ports (or, when it declares none,
+    from its own defaults, which name every head port) and appends them to a custom
+    ``headService`` without removing duplicates; the API server refuses a Service with two
+    ports of one name or number. So a port given a node port is declared only in the
+    ``headService``, and the metrics port (which KubeRay adds anyway) keeps the list from
+    ever being empty.
+    """
+    ports = [{"name": port_name, "containerPort": port}
+             for port_name, port in HEAD_PORTS.items() if port_name not in head_node_ports]
+    return ports + [{"name": METRICS_PORT[0], "containerPort": METRICS_PORT[1]}]
+
+
 def _start_params(node: NodeResources) -> dict[str, str]:
     params = node.start_params()
     if "resources" in params:
-        # KubeRay pastes each parameter into the node's shell command line, so the JSON map
-        # must arrive as one double-quoted word.
-        params["resources"] = json.dumps(params["resources"])
+        # KubeRay pastes each parameter into the node's shell command line, and reads this one
+        # itself as JSON once surrounding quotes are trimmed: single quotes make it one word
+        # for the shell and leave the JSON untouched (Ray resource names hold no quotes).
+        params["resources"] = f"'{params['resources']}'"
     return params
 
 
@@ -161,16 +183,16 @@ def container_resources(node: NodeResources) -> dict[str, dict[str, str]]:
 
 
 def _pod_template(node: NodeResources, container: str, image: str, labels: dict[str, str],
-                  env: dict[str, Any], *, head: bool) -> dict[str, Any]:
+                  env: dict[str, Any], *,
+                  head_ports: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "name": container,
         "image": image,
         "resources": container_resources(node),
         **env,
     }
-    if head:
-        spec["ports"] = [{"name": port_name, "containerPort": port}
-                         for port_name, port in HEAD_PORTS.items()]
+    if head_ports is not None:
+        spec["ports"] = head_ports
     return {"metadata": {"labels": dict(labels)}, "spec": {"containers": [spec]}}
 
 
@@ -190,6 +212,22 @@ def _cpu_quantity(cpus: float) -> str:
     if value == value.to_integral_value():
         return str(int(value))
     return f"{int(value * 1000)}m"
+
+
+def check_kuberay_name(field: str, value: Any, *, max_len: int, kind: str = "RayCluster",
+                       example: str = "uf-20261129-train") -> None:
+    """Refuse a name the KubeRay operator would reject: a DNS-1035 label of ``max_len``.
+
+    Raises:
+        ValueError: Naming the field, the value and the rule, with an example.
+    """
+    if not isinstance(value, str) or len(value) > max_len or not _DNS1035.match(value):
+        too_long = isinstance(value, str) and len(value) > max_len
+        raise ValueError(
+            f"{field}={value!r} is not a valid {kind} name: KubeRay takes at most {max_len} "
+            "lower-case letters, digits and '-', starting with a letter and ending with a "
+            "letter or digit" + (f" (it is {len(value)} characters long)" if too_long else "")
+            + f". Fix: use a name such as {example!r}.")
 
 
 def _check_name(field: str, value: Any, *, max_len: int) -> None:

@@ -4,9 +4,11 @@ Lifecycle: the manifest is rendered, checked against the nodes (``_fit``) and by
 server-side dry run, then created. While KubeRay and the scheduler work, pod phases and the
 reasons pods wait (scheduling failures, image pulls, crash loops) are reported as they change;
 a reason that cannot heal fails the task at once, and a provisioning deadline, separate from
-the task's own timeout, ends the wait with the phase it was stuck in. Ready means the
-``HeadPodReady`` and ``RayClusterProvisioned`` conditions, a dashboard that answers, and all
-``1 + worker_instances`` Ray nodes alive. The cluster is deleted however the task ends.
+the task's own timeout, ends the wait with the phase it was stuck in; pods KubeRay could not
+create (``ReplicaFailure``) fail it at once. Ready means all ``1 + worker_instances`` pods
+exist and are ready (with the ``HeadPodReady`` and ``RayClusterProvisioned`` conditions, or
+``status.state`` where KubeRay writes no conditions), a dashboard that answers, and as many
+Ray nodes alive. The cluster is deleted however the task ends.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from michelangelo.uniflow.plugins.ray.kuberay._manifest import (
     ray_cluster_manifest,
 )
 from michelangelo.uniflow.plugins.ray.kuberay._portforward import PortForward
+from michelangelo.uniflow.plugins.ray.kuberay._status import head_ready, pods_ready, refused_pods
 
 DEADLINE_ENV = "UF_KUBERAY_PROVISION_TIMEOUT_S"
 _DEFAULT_DEADLINE_S = 600.0
@@ -192,7 +195,8 @@ class KubeRayCluster(RayCluster):
             if obj is None:
                 raise ClusterError(f"RayCluster {self.name!r} was deleted while starting.")
             pods = self.api.pods(self.namespace, f"ray.io/cluster={self.name}")
-            reasons = pending_reasons(pods, self._events(pods))
+            events = self._events(pods)
+            reasons = pending_reasons(pods, events)
             for reason in reasons:
                 if reason not in self.reasons_seen:
                     self.reasons_seen.append(reason)
@@ -202,16 +206,25 @@ class KubeRayCluster(RayCluster):
                     f"RayCluster {self.name!r} cannot start: {fatal}. Fix the image or the "
                     "RayTask's resources; the cluster is being deleted."
                 )
-            phase = _phase(obj, pods)
+            refused = refused_pods(obj, events)
+            if refused:
+                raise ClusterError(
+                    f"RayCluster {self.name!r} cannot start: KubeRay could not create its pods: "
+                    f"{refused}. Fix: lower the RayTask's resources or worker_instances, or "
+                    f"have the quota or admission policy of namespace {self.namespace!r} "
+                    "allow them; the cluster is being deleted."
+                )
+            expected = 1 + self.task.worker_instances
+            phase = _phase(obj, pods, expected)
             if any(p.get("spec", {}).get("nodeName") for p in pods):
                 self._mark("scheduled")
             status = f"{self.name}: {phase}" + (f" ({'; '.join(reasons)})" if reasons else "")
             if status != last:
                 self._on_progress(status)
                 last = status
-            if _condition(obj, "HeadPodReady"):
+            if head_ready(obj, pods):
                 self._mark("head ready")
-            if _condition(obj, "HeadPodReady") and _condition(obj, "RayClusterProvisioned"):
+            if pods_ready(obj, pods, expected):
                 head = self._head_url(pods)
                 phase = "waiting for the head's dashboard to answer"
                 if self._forward is not None and self._forward.refused:
@@ -224,7 +237,6 @@ class KubeRayCluster(RayCluster):
                     phase += f" ({self._forward.last_error})"
                 if head and self._dashboard_ready(head):
                     alive = self._alive_nodes(head)
-                    expected = 1 + self.task.worker_instances
                     if alive >= expected:
                         self._connect(head)
                         self._mark("all ready")
@@ -346,21 +358,17 @@ def pending_reasons(pods: list[dict[str, Any]], events: list[dict[str, Any]]) ->
     return sorted(set(reasons))
 
 
-def _phase(obj: dict[str, Any], pods: list[dict[str, Any]]) -> str:
+def _phase(obj: dict[str, Any], pods: list[dict[str, Any]], expected: int) -> str:
     if not pods:
         return "waiting for KubeRay to create pods"
     phases: dict[str, int] = {}
     for pod in pods:
         phase = (pod.get("status") or {}).get("phase") or "Pending"
         phases[phase] = phases.get(phase, 0) + 1
-    return "pods " + ", ".join(f"{count} {phase}" for phase, count in sorted(phases.items()))
-
-
-def _condition(obj: dict[str, Any], kind: str) -> bool:
-    for cond in (obj.get("status") or {}).get("conditions") or []:
-        if cond.get("type") == kind:
-            return cond.get("status") == "True"
-    return False
+    out = "pods " + ", ".join(f"{count} {phase}" for phase, count in sorted(phases.items()))
+    if len(pods) < expected:
+        out += f" ({len(pods)} of {expected} created)"
+    return out
 
 
 def _answers(host: str | None, port: int) -> bool:

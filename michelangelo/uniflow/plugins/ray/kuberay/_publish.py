@@ -78,12 +78,12 @@ def _publish_one(clusters: Any, api: KubeApi, description: Any, config: RayTask,
             clusters.close()  # the task is done with its cluster; the endpoint needs the room
             check_fit(service_cluster(manifest), api.nodes(), api.all_pods())
     spec = f"{description.project_name}/{description.model_name}:{description.revision_id}"
-    apply_ray_service(api, manifest)
+    applied = apply_ray_service(api, manifest)
     run.info(f"RayService {namespace}/{name}: {'updating to' if exists else 'creating with'} "
              f"{spec}")
     with run.status(f"RayService {namespace}/{name}: rolling out {spec}"):
         obj = wait_for_service(api, name, namespace, deadline_s=settings.deadline(),
-                               on_progress=run.info)
+                               on_progress=run.info, applied=applied, updated=exists)
     url = service_url(name, namespace, description.route_prefix)
     outside = (f"http://127.0.0.1:{HEAD_PORTS['serve']}{description.route_prefix}"
                if node_port else None)

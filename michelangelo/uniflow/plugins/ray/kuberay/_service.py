@@ -21,6 +21,7 @@ from michelangelo.uniflow.plugins.ray.kuberay._kube import KubeApi
 from michelangelo.uniflow.plugins.ray.kuberay._manifest import (
     HEAD_PORTS,
     MANAGED_LABEL,
+    check_kuberay_name,
     ray_cluster_manifest,
 )
 from michelangelo.uniflow.plugins.ray.kuberay._provisioner import (
@@ -32,6 +33,8 @@ from michelangelo.uniflow.plugins.ray.kuberay._provisioner import (
 
 SERVING = "uniflow-serving"  # MANAGED_LABEL value of RayServices (run clusters: "uniflow")
 _POLL_S = 1.0
+# KubeRay 1.7 refuses longer RayService names (its RayCluster limit, 53, less a suffix of 6).
+MAX_SERVICE_NAME = 47
 
 
 def ray_service_manifest(serve_config: dict[str, Any], task: RayTask, *, name: str,
@@ -53,7 +56,13 @@ def ray_service_manifest(serve_config: dict[str, Any], task: RayTask, *, name: s
         working_dir: A zip URI (``s3://``, ``gs://``, ``file://``) every application runs in,
             e.g. the project that defines the model factory.
         serve_node_port: Expose the Serve proxy on this NodePort (a host-mapped sandbox).
+
+    Raises:
+        ValueError: ``name`` is not a RayService name KubeRay accepts (a DNS-1035 label of
+            at most 47 characters), or another field is invalid.
     """
+    check_kuberay_name("deployment name", name, max_len=MAX_SERVICE_NAME, kind="RayService",
+                       example="churn-model")
     cluster = ray_cluster_manifest(task, name=name, namespace=namespace, image=image,
                                    labels=labels, storage_secret=storage_secret)
     config = dict(serve_config)
@@ -98,12 +107,59 @@ def apply_ray_service(api: KubeApi, manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def service_ready(obj: dict[str, Any]) -> bool:
-    """Ready for the spec last written: KubeRay has seen it, serves it and is not upgrading."""
+    """Serving the spec last written: KubeRay has seen it, is not upgrading, and every
+    application of its Serve config is ``RUNNING`` on the active cluster.
+
+    KubeRay's own ``Ready`` condition only says that serve endpoints exist, which stays true
+    through a Serve-config-only update, so the applications are checked here too.
+    """
     status = obj.get("status") or {}
     conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or []}
     seen = status.get("observedGeneration", 0) >= obj["metadata"].get("generation", 0)
-    return seen and conditions.get("Ready") == "True" and \
-        conditions.get("UpgradeInProgress") != "True"
+    pending = (status.get("pendingServiceStatus") or {}).get("rayClusterName")
+    apps = (status.get("activeServiceStatus") or {}).get("applicationStatuses") or {}
+    running = bool(apps) and all((app or {}).get("status") == "RUNNING" for app in apps.values())
+    return seen and conditions.get("Ready") == "True" and not pending and running and \
+        conditions.get("UpgradeInProgress") != "True" and _app_names(obj) <= set(apps)
+
+
+def _app_names(obj: dict[str, Any]) -> set[str]:
+    """The application names the RayService's Serve config asks for."""
+    try:
+        config = yaml.safe_load((obj.get("spec") or {}).get("serveConfigV2") or "") or {}
+        return {str(app["name"]) for app in config.get("applications") or []}
+    except (yaml.YAMLError, TypeError, KeyError, AttributeError):
+        return set()
+
+
+class _Rollout:
+    """Which of a RayService's status writes can speak for the Serve config last applied.
+
+    KubeRay reads the applications' statuses from the dashboard before it submits a changed
+    Serve config, and writes them with the new ``observedGeneration`` in that same pass
+    (``reconcileServe`` in ``rayservice_controller.go``). After an update that first write
+    still shows the old applications, so only a later one counts; when nothing changes
+    afterwards (an update Serve applied within one pass) the first one counts once it has
+    stood for a few of KubeRay's 2 s passes.
+    """
+
+    SETTLE_S = 10.0
+
+    def __init__(self, updated: bool) -> None:
+        self.updated = updated
+        self._first: tuple[str, float] | None = None
+
+    def current(self, obj: dict[str, Any]) -> bool:
+        status = obj.get("status") or {}
+        if status.get("observedGeneration", 0) < obj["metadata"].get("generation", 0):
+            return False
+        if not self.updated:
+            return True
+        version = obj["metadata"].get("resourceVersion", "")
+        if self._first is None:
+            self._first = (version, time.monotonic())
+            return False
+        return version != self._first[0] or time.monotonic() - self._first[1] >= self.SETTLE_S
 
 
 def service_status(obj: dict[str, Any]) -> str:
@@ -125,27 +181,49 @@ def service_url(name: str, namespace: str, route: str = "/") -> str:
 
 
 def wait_for_service(api: KubeApi, name: str, namespace: str, *, deadline_s: float,
-                     on_progress: Callable[[str], None]) -> dict[str, Any]:
+                     on_progress: Callable[[str], None],
+                     applied: dict[str, Any] | None = None,
+                     updated: bool = False) -> dict[str, Any]:
     """Wait until the RayService serves its current spec; fail on pods that cannot start.
 
+    Args:
+        api: The Kubernetes API.
+        name: The RayService.
+        namespace: Its namespace.
+        deadline_s: How long to wait.
+        on_progress: Called with a line whenever the state changes.
+        applied: The object as the API server returned it when the spec was written (its
+            ``resourceVersion`` tells KubeRay's later verdicts from earlier ones).
+        updated: The spec replaced an existing RayService's (the applications' statuses
+            then speak for the new Serve config only once KubeRay has written them again).
+
     Raises:
-        ClusterError: A pod of its cluster cannot start, or the deadline passed (with the
-            state it was in and the reasons its pods waited).
+        ClusterError: KubeRay refused the RayService (``ValidationFailed``), Serve could not
+            deploy an application (``DEPLOY_FAILED``, with its message), a pod of its cluster
+            cannot start, or the deadline passed (with the state it was in and the reasons
+            its pods waited).
     """
     deadline = time.monotonic() + deadline_s
     last, seen = "", []
+    rollout = _Rollout(updated)
+    written = (applied or {}).get("metadata", {}).get("resourceVersion")
     while True:
         obj = api.get("RayService", name, namespace)
         if obj is None:
             raise ClusterError(f"RayService {namespace}/{name} was deleted while rolling out.")
         status = obj.get("status") or {}
+        refused = _validation_failure(obj)
+        if refused and obj["metadata"].get("resourceVersion") != written:
+            raise ClusterError(f"KubeRay refused RayService {namespace}/{name}: {refused}. Fix "
+                               "the deployment's name or spec and deploy again.")
+        fresh = rollout.current(obj)
         clusters = {s.get("rayClusterName") for s in (status.get("activeServiceStatus"),
                                                       status.get("pendingServiceStatus")) if s}
         pods = [p for c in sorted(c for c in clusters if c)
                 for p in api.pods(namespace, f"ray.io/cluster={c}")]
         reasons = pending_reasons(pods, events_about(api, namespace, pods, name))
         seen += [r for r in reasons if r not in seen]
-        failed = _failed_application(status)
+        failed = _failed_application(status) if fresh else None
         if failed:
             raise ClusterError(f"RayService {namespace}/{name}: Serve could not deploy "
                                f"{failed}. Fix the revision or the deployment and deploy again.")
@@ -157,7 +235,7 @@ def wait_for_service(api: KubeApi, name: str, namespace: str, *, deadline_s: flo
         if line != last:
             on_progress(line)
             last = line
-        if service_ready(obj):
+        if fresh and service_ready(obj):
             return obj
         if time.monotonic() > deadline:
             raise ClusterError(
@@ -174,4 +252,12 @@ def _failed_application(status: dict[str, Any]) -> str | None:
         for name, app in apps.items():
             if (app or {}).get("status") == "DEPLOY_FAILED":
                 return f"{name}: {(app.get('message') or 'no message').strip()[-1500:]}"
+    return None
+
+
+def _validation_failure(obj: dict[str, Any]) -> str | None:
+    """KubeRay's reason for refusing the RayService outright (its ``ValidationFailed``)."""
+    for cond in (obj.get("status") or {}).get("conditions") or []:
+        if cond.get("type") == "Ready" and cond.get("reason") == "ValidationFailed":
+            return cond.get("message") or "no message"
     return None

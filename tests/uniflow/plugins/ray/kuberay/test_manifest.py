@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shlex
 
 import pytest
 import ray
@@ -11,7 +12,13 @@ import ray
 from michelangelo.uniflow.plugins.ray import RayTask
 from michelangelo.uniflow.plugins.ray._local import node_arguments
 from michelangelo.uniflow.plugins.ray.kuberay import ray_cluster_manifest
+from michelangelo.uniflow.plugins.ray.kuberay._manifest import HEAD_PORTS
 from tests.uniflow.plugins.ray.kuberay._crd_schema import problems
+from tests.uniflow.plugins.ray.kuberay._kuberay_rules import (
+    head_service_ports,
+    resources_map,
+    service_port_problems,
+)
 
 # A matrix that exercises every field: GPUs, disk and object store included (the fields
 # Michelangelo's own RayTask drops on the way to the cluster), fractional CPUs, no memory.
@@ -75,7 +82,7 @@ def test_no_field_is_dropped(label):
         disk = task.parsed(f"{role}_disk")
         assert requests.get("ephemeral-storage") == (str(disk) if disk is not None else None)
         if disk is not None:
-            assert json.loads(json.loads(params["resources"])) == {"disk": disk}
+            assert resources_map(params) == {"disk": float(disk)}
         store = task.parsed(f"{role}_object_store_memory")
         if store is not None:
             assert params["object-store-memory"] == str(store)
@@ -98,7 +105,7 @@ def test_local_flags_and_manifest_advertise_the_same_resources(label):
         params = dict(_group(manifest, role)["rayStartParams"])
         params.pop("dashboard-host", None)
         if "resources" in params:
-            params["resources"] = json.loads(params["resources"])  # undo the shell quoting
+            params["resources"] = shlex.split(params["resources"])[0]  # as the shell reads it
         assert params == _flags_as_params(node_arguments(task, role))
 
 
@@ -186,3 +193,59 @@ def test_head_node_ports_for_a_host_mapped_sandbox():
         {"name": "serve", "port": 8000, "nodePort": 30800}]
     with pytest.raises(ValueError, match="head ports are"):
         _render(TASKS["no-memory"], head_node_ports={"dashbord": 30265})
+
+
+@pytest.mark.parametrize("label", sorted(TASKS))
+def test_resources_reach_kuberay_and_the_shell_as_the_same_json(label):
+    """KubeRay parses ``rayStartParams.resources`` itself (``getResourcesMap`` in
+    ``controllers/ray/common/pod.go``, imitated by ``resources_map``) and pastes it into the
+    pod's bash command line; both must read the one JSON map ``ray start`` gets locally."""
+    task = TASKS[label]
+    for role in ["head"] + (["worker"] if task.worker_instances else []):
+        params = _group(_render(task), role)["rayStartParams"]
+        local = _flags_as_params(node_arguments(task, role)).get("resources")
+        assert resources_map(params) == {k: float(v) for k, v in
+                                         json.loads(local or "{}").items()}
+        if local is not None:
+            assert shlex.split(f"--resources={params['resources']}") == [f"--resources={local}"]
+
+
+@pytest.mark.parametrize("node_ports", [
+    {}, {"dashboard": 30265}, {"dashboard": 30265, "serve": 30800},
+    {"gcs": 30379, "dashboard": 30265, "client": 30001, "serve": 30800}])
+def test_the_head_service_kuberay_builds_has_unique_ports(node_ports):
+    """KubeRay appends the ports it derives from the head container to a custom
+    ``headService`` without removing duplicates (``BuildServiceForHeadPod`` in
+    ``controllers/ray/common/service.go``, imitated by ``head_service_ports``); the API server
+    refuses a Service with two ports of one name or number, and the cluster never starts."""
+    manifest = _render(TASKS["no-memory"], head_node_ports=node_ports or None)
+    assert problems(manifest) == []
+    ports = head_service_ports(manifest)
+    assert service_port_problems(ports) == []
+    assert {p["port"] for p in ports} >= {6379, 8265, 10001, 8000}
+    assert {(p["port"], p["nodePort"]) for p in ports if "nodePort" in p} == {
+        (HEAD_PORTS[name], node_port) for name, node_port in node_ports.items()}
+
+
+@pytest.mark.parametrize("name, why", [
+    ("m" * 48, "48 characters long"),
+    ("7-churn", "starting with a letter"),
+    ("churn_model", "starting with a letter"),
+])
+def test_ray_service_names_kuberay_would_refuse_are_refused_here(name, why):
+    """KubeRay answers ``ValidationFailed`` to a RayService name that is not a DNS-1035 label
+    of at most 47 characters (``ValidateRayServiceMetadata`` in
+    ``controllers/ray/utils/validation.go``, ``MaxRayServiceNameLength`` in ``constant.go``)."""
+    from michelangelo.uniflow.plugins.ray.kuberay import ray_service_manifest
+
+    with pytest.raises(ValueError, match=rf"deployment name='{name}' is not a valid RayService "
+                                         rf"name.*{why}.*Fix: use a name such as 'churn-model'"):
+        ray_service_manifest({"applications": []}, TASKS["no-memory"], name=name)
+    assert problems(ray_service_manifest({"applications": []}, TASKS["no-memory"],
+                                         name="m" * 47)) == []
+
+
+def test_ray_cluster_names_must_start_with_a_letter():
+    """``ValidateRayClusterMetadata`` (``controllers/ray/utils/validation.go``): DNS-1035."""
+    with pytest.raises(ValueError, match="name='1-train' is not a valid RayCluster name"):
+        ray_cluster_manifest(TASKS["no-memory"], name="1-train")
