@@ -42,17 +42,21 @@ class _Regression(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
 
 
-class ShardedInConfigureModel(_Regression):
-    """FSDP2 (``ModelParallelStrategy``): layers created and sharded in ``configure_model()``.
-
-    The docs' delayed-initialisation form: ``configure_model()`` may be called more than once,
-    so it returns early when the layers exist.
-    """
+class _Delayed(_Regression):
+    """Delayed initialisation: no layers until ``configure_model()`` creates them."""
 
     def __init__(self, hidden_dim: int = 8, lr: float = 1e-2) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.net = None
+
+
+class ShardedInConfigureModel(_Delayed):
+    """FSDP2 (``ModelParallelStrategy``): layers created and sharded in ``configure_model()``.
+
+    The docs' delayed-initialisation form: ``configure_model()`` may be called more than once,
+    so it returns early when the layers exist.
+    """
 
     def configure_model(self):
         from torch.distributed.fsdp import fully_shard
@@ -67,13 +71,8 @@ class ShardedInConfigureModel(_Regression):
         fully_shard(self.net, mesh=mesh)
 
 
-class TrainerSizedModel(_Regression):
+class TrainerSizedModel(_Delayed):
     """``configure_model()`` that reads ``self.trainer`` to size the layers it creates."""
-
-    def __init__(self, hidden_dim: int = 8, lr: float = 1e-2) -> None:
-        super().__init__()
-        self.save_hyperparameters()
-        self.net = None
 
     def configure_model(self):
         if self.net is not None:
