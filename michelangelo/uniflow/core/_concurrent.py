@@ -52,6 +52,7 @@ class Future(Generic[T]):
         self._event = threading.Event()
         self._value: Any = None
         self._error: BaseException | None = None
+        self._seen = False  # whether anyone asked for the outcome
 
     def done(self) -> bool:
         """Whether the branch has ended (succeeded, failed or cancelled)."""
@@ -78,6 +79,7 @@ class Future(Generic[T]):
         """
         if not self._event.wait(timeout):
             raise TimeoutError(f"{self.label} was still running after waiting {timeout:g}s.")
+        self._seen = True
         if self._error is not None:
             raise self._error
         return self._value
@@ -86,6 +88,7 @@ class Future(Generic[T]):
         """Wait for the branch; its error, or None if it succeeded."""
         if not self._event.wait(timeout):
             raise TimeoutError(f"{self.label} was still running after waiting {timeout:g}s.")
+        self._seen = True
         return self._error
 
     def _settle(self, value: Any = None, error: BaseException | None = None) -> None:
@@ -126,6 +129,8 @@ class BatchFuture(Generic[T]):
             if not future._event.wait(left):
                 raise TimeoutError(
                     f"{future.label} was still running after waiting {timeout:g}s.")
+        for future in self._futures:
+            future._seen = True
         failed = [f for f in self._futures if f._error is not None]
         real = [f for f in failed if not f.cancelled()]
         if real or failed:
@@ -169,6 +174,7 @@ class _Batch:
         self.run = run
         self.limit = limit
         self.fail_fast = fail_fast
+        self._branches = list(branches)
         self._pending = collections.deque(branches)
         self._running: list[_Branch] = []
         self._lock = threading.Lock()
@@ -231,8 +237,13 @@ class _Batch:
             self._branch_ended()
 
     def wait(self) -> None:
-        """Block until every branch has ended."""
+        """Block until every branch has ended; warn of failures nobody asked about."""
         self._all_done.wait()
+        for branch in self._branches:
+            future = branch.future
+            if future._error is not None and not future._seen and self.run is not None:
+                self.run.warn(f"{future.label} failed and the workflow never asked for its "
+                              f"result: {type(future._error).__name__}: {future._error}")
 
     def stop(self) -> None:
         """Start nothing more; interrupt running branches; wait a bounded time for them."""

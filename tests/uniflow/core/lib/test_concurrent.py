@@ -345,3 +345,33 @@ def test_run_record_keeps_the_batch_line():
     run = RunStore(Storage()).load_run(ctx.last_run_id)
     assert json.dumps(run.batches)  # JSON-able, for the report
     assert run.batches[0]["batch"] == "001" and run.batches[0]["why"] == ["max_concurrency=None"]
+    from michelangelo.uniflow.report import build_report
+
+    html = build_report(ctx.last_run_id)
+    assert "2 branch(es) of pair, 2 at once (max_concurrency=None)" in html
+
+
+class Warnings(Reporter):
+    def __init__(self) -> None:
+        self.warnings: list[str] = []
+
+    def warning(self, message: str) -> None:
+        self.warnings.append(message)
+
+
+@uniflow.workflow()
+def forgets(folder: str) -> str:
+    concurrent.run(fails_first, 0)  # never asked for: the run waits for it, and warns
+    return "returned"
+
+
+def test_branches_nobody_waited_for_are_settled_and_their_failures_shown():
+    CALLS.clear()
+    reporter = Warnings()
+    ctx = _ctx(reporter=reporter)
+    assert ctx.run(forgets, "unused") == "returned"
+    assert CALLS == [0]
+    assert any("task 'fails_first' failed and the workflow never asked" in w
+               for w in reporter.warnings)
+    states = {r.call_id: r.state for r in RunStore(Storage()).load_tasks(ctx.last_run_id)}
+    assert states == {"001-fails_first": TaskState.FAILED}
