@@ -102,15 +102,19 @@ class RayTaskPlugin(TaskPlugin):
                        "one cluster at a time")
         with self._cond:
             cluster = self._cluster_for(host, run)
-        import ray
-
-        free = ray.available_resources()
+            ledger: Ledger = run.resources[_LEDGER]
+        # What the cluster declares, less what running fits have booked. Ray's live view
+        # lags behind tasks that just ended, and would make the count depend on timing.
+        free: dict[str, float] = {}
+        for node in ledger.free():
+            for key, amount in node.items():
+                free[key] = free.get(key, 0.0) + max(0.0, amount)
         cpus = free.get("CPU", 0.0)
         memory = free.get("memory")
         shapes = sorted({c.describe() for c in configs})
         at_once = max(1, int(cpus // _BRANCH_CPU + 1e-9))
         return at_once, (
-            f"Ray cluster {cluster.task.describe()} has {cpus:g} free CPU"
+            f"Ray cluster {cluster.shape().describe()} has {cpus:g} free CPU"
             + (f", memory {format_bytes(memory)}" if memory else "")
             + f"; each branch ({'; '.join(shapes)}) takes at least {_BRANCH_CPU:g} CPU, and "
             "a ScalingConfig books its workers when it dispatches")
