@@ -94,6 +94,9 @@ class RayTaskPlugin(TaskPlugin):
 
     def plan_concurrency(self, configs: list[RayTask], run: Run) -> tuple[int | None, str]:
         if self.runs_elsewhere(configs[0], run):
+            # Concurrent jobs from one run share its working_dir package; tried, a second job
+            # set up while the first ran found its working directory gone. Until that is
+            # solved, remote branches take turns.
             return 1, ("remote-run: RayTask branches run one after another (concurrent Ray "
                        "jobs are not built yet)")
         host = next((c for c in configs if all(_holds(c, other) for other in configs)), None)
