@@ -97,6 +97,22 @@ def test_raytask_branches_run_side_by_side_on_one_cluster(tmp_path):
     assert store.load_run(ctx.last_run_id).batches[0]["at_once"] == 2
 
 
+@uniflow.workflow()
+def two_futures(folder: str) -> list[dict]:
+    # The cluster starts inside whichever branch thread comes first; the other waits for it.
+    first, second = (concurrent.run(on_cluster, folder, i) for i in range(2))
+    return [first.result(), second.result()]
+
+
+def test_lone_futures_of_raytasks_share_the_cluster_started_in_a_branch(tmp_path):
+    ctx = uniflow.Context(reporter=Reporter())
+    a, b = ctx.run(two_futures, str(tmp_path))
+    assert b["start"] < a["end"] and a["start"] < b["end"]
+    assert a["gcs"] == b["gcs"]
+    records = RunStore(Storage()).load_tasks(ctx.last_run_id)
+    assert [r.call_id for r in records] == ["001-on_cluster", "002-on_cluster"]
+
+
 def _hold_two_cpus(config: dict) -> None:
     folder, me = config["folder"], config["me"]
     _mark(folder, f"train-start-{me}")
