@@ -18,6 +18,9 @@ done
 # remote-run: a no-op RayTask as a Ray job vs a bare JobSubmissionClient.submit_job.
 echo "=== bench_remote.py ==="
 "$PY" bench/bench_remote.py || { echo "bench_remote.py failed" >&2; status=1; }
+# concurrent.batch_run of 8 RayTask branches vs the same in turn vs bare ray.remote.
+echo "=== bench_concurrent.py ==="
+"$PY" bench/bench_concurrent.py || { echo "bench_concurrent.py failed" >&2; status=1; }
 # Serving: our endpoint vs a hand-written Ray Serve deployment, and batching on vs off.
 echo "=== bench_serving.py ==="
 "$PY" bench/bench_serving.py || { echo "bench_serving.py failed" >&2; status=1; }

@@ -1,6 +1,8 @@
 """Quickstart: prepare data on a Ray cluster, train with LightningTrainer, register, deploy.
 
-Run it with ``python examples/quickstart/workflow.py`` (or ``make demo``). Everything runs
+Run it with ``python examples/quickstart/workflow.py`` (or ``make demo``);
+``michelangelo run examples/quickstart/workflow.py:sweep`` trains three learning rates
+concurrently instead and serves the best. Everything runs
 on a laptop: uniflow starts a local Ray cluster shaped like each RayTask and removes it when
 the run ends, so the endpoint answers while the run lasts. Start a standing cluster first
 (``michelangelo cluster up``) and the run borrows it instead: the endpoint then stays up
@@ -23,6 +25,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning import (
     LightningTrainer,
     LightningTrainerParam,
 )
+from michelangelo.uniflow.core.lib import concurrent
 from michelangelo.uniflow.plugins.ray import RayTask, create_run_config
 from michelangelo.workflow.variables import DatasetVariable
 
@@ -79,13 +82,14 @@ def prepare(n_rows: int) -> tuple[DatasetVariable, DatasetVariable]:
 
 
 @uniflow.task(config=CLUSTER)
-def train(train_dv: DatasetVariable, val_dv: DatasetVariable, epochs: int) -> dict:
+def train(train_dv: DatasetVariable, val_dv: DatasetVariable, epochs: int,
+          learning_rate: float = 1e-2) -> dict:
     train_dv.load_ray_dataset()
     val_dv.load_ray_dataset()
     trainer = LightningTrainer(
         trainer_param=LightningTrainerParam(
             create_model_fn=create_model,
-            create_model_fn_kwargs={"hidden_dim": 32, "learning_rate": 1e-2},
+            create_model_fn_kwargs={"hidden_dim": 32, "learning_rate": learning_rate},
             train_data=train_dv.value,
             val_data=val_dv.value,
             batch_size=32,
@@ -102,6 +106,7 @@ def train(train_dv: DatasetVariable, val_dv: DatasetVariable, epochs: int) -> di
     )
     result = trainer.train()
     return {"checkpoint_path": result["checkpoint_path"], "path": result["path"],
+            "learning_rate": learning_rate,
             "metrics": {k: float(v) for k, v in result["metrics"].items()
                         if isinstance(v, int | float)}}
 
@@ -111,7 +116,8 @@ def register(trained: dict) -> str:
     """A new revision of quickstart/regressor; the factory and an input example go with it."""
     spec = ModelRegistry().register(
         "quickstart", "regressor", train_result=trained, create_model_fn=create_model,
-        create_model_fn_kwargs={"hidden_dim": 32, "learning_rate": 1e-2},
+        create_model_fn_kwargs={"hidden_dim": 32,
+                                "learning_rate": trained.get("learning_rate", 1e-2)},
         input_example=torch.zeros(2, FEATURES))
     return f"{spec.project_name}/{spec.model_name}:{spec.revision_id}"
 
@@ -140,6 +146,18 @@ def quickstart(n_rows: int = 4000, epochs: int = 3, port: int = 8000) -> dict:
     train_dv, val_dv = prepare(n_rows)
     trained = train(train_dv, val_dv, epochs)
     return deploy(register(trained), val_dv, port)
+
+
+@uniflow.workflow()
+def sweep(n_rows: int = 4000, epochs: int = 3, port: int = 8000) -> dict:
+    """Train three learning rates at once on one cluster; register and serve the best."""
+    train_dv, val_dv = prepare(n_rows)
+    trained = concurrent.batch_run(
+        [concurrent.new_callable(train, train_dv, val_dv, epochs, rate)
+         for rate in (1e-3, 3e-3, 1e-2)],
+    ).get()
+    best = min(trained, key=lambda t: t["metrics"].get("val_loss", float("inf")))
+    return deploy(register(best), val_dv, port)
 
 
 if __name__ == "__main__":

@@ -237,7 +237,8 @@ class RichReporter(Reporter):
         self._live.start()
 
     def task_changed(self, record: TaskRecord) -> None:
-        self._records[record.call_id] = record
+        with self._lock:  # concurrent branches report from their own threads
+            self._records[record.call_id] = record
         self._refresh()
         if record.state == TaskState.FAILED and record.error:
             from rich.markup import escape

@@ -14,6 +14,7 @@ Two modes, chosen by ``UF_VERBOSE`` (``michelangelo --verbose`` sets it):
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import sys
 import sysconfig
@@ -183,6 +184,83 @@ def _redirect(path: str, on_warning: Callable[[str], None] | None) -> Iterator[N
                     _CONSOLE.flush()
                     _CONSOLE.close()
                 _CONSOLE = None
+        log.close()
+
+
+_THREAD_LOG: contextvars.ContextVar[tuple[IO[str], bool] | None] = contextvars.ContextVar(
+    "uniflow_thread_log", default=None
+)
+_ROUTED = 0  # captures that need the routers below in place
+_ROUTED_FROM: tuple[IO[str], IO[str]] | None = None
+
+
+class _ThreadRouter:
+    """``sys.stdout``/``sys.stderr`` while concurrent branches run: each thread's writes go
+    to the log of the attempt it runs (and on to the console when not quiet); other threads'
+    writes go where they went before."""
+
+    def __init__(self, fallback: IO[str]) -> None:
+        self._fallback = fallback
+
+    def write(self, text: str) -> int:
+        target = _THREAD_LOG.get()
+        if target is None:
+            return self._fallback.write(text)
+        log, tee = target
+        with contextlib.suppress(ValueError):  # closed by an attempt that just ended
+            log.write(text)
+        if tee:
+            self._fallback.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        target = _THREAD_LOG.get()
+        if target is not None:
+            with contextlib.suppress(ValueError):
+                target[0].flush()
+        self._fallback.flush()
+
+    def __getattr__(self, name: str):
+        return getattr(self._fallback, name)
+
+
+@contextlib.contextmanager
+def capture_thread_output(
+    path: str | None,
+    *,
+    quiet: bool | None = None,
+    on_warning: Callable[[str], None] | None = None,
+) -> Iterator[None]:
+    """Like :func:`capture_output`, for one thread among several that run at once.
+
+    File descriptors are shared by every thread, so only what Python code of this thread
+    prints lands in ``path``; output of native code and of Ray's log monitor goes to the run's
+    driver log (or the console), as between tasks. ``on_warning`` is accepted for symmetry:
+    warnings keep the handler of the surrounding run.
+    """
+    global _ROUTED, _ROUTED_FROM
+    if path is None:
+        yield
+        return
+    if quiet is None:
+        quiet = not verbose()
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    log = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - closed below
+    with _LOCK:
+        if _ROUTED == 0:
+            _ROUTED_FROM = (sys.stdout, sys.stderr)
+            sys.stdout, sys.stderr = _ThreadRouter(sys.stdout), _ThreadRouter(sys.stderr)
+        _ROUTED += 1
+    token = _THREAD_LOG.set((log, not quiet))
+    try:
+        yield
+    finally:
+        _THREAD_LOG.reset(token)
+        with _LOCK:
+            _ROUTED -= 1
+            if _ROUTED == 0 and _ROUTED_FROM is not None:
+                sys.stdout, sys.stderr = _ROUTED_FROM
+                _ROUTED_FROM = None
         log.close()
 
 

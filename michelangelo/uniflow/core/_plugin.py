@@ -37,6 +37,17 @@ class TaskPlugin:
         """Whether this run sends the task's attempts to :meth:`run_elsewhere`."""
         return False
 
+    def plan_concurrency(self, configs: list[Any], run: Run) -> tuple[int | None, str]:
+        """How many of these concurrent branches (one config each) may run at once, and why.
+
+        Called once when a batch starts, before any branch runs, with the configs of the
+        batch's branches that this plugin executes. Returns ``(limit, reason)``: ``None``
+        sets no limit; ``reason`` is one short clause for the batch's placement line.
+        A plugin whose branches share something finite (a cluster) also keeps them from
+        oversubscribing it while they run.
+        """
+        return None, ""
+
     def run_elsewhere(self, config: Any, run: Run, call: RemoteCall) -> None:
         """Run one attempt described by ``call`` somewhere else and wait for it to end.
 

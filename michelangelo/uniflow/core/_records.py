@@ -95,6 +95,8 @@ class RunRecord(_JsonRecord):
     error: dict | None = None
     storage_url: str = ""
     tasks: list[str] = field(default_factory=list)  # call ids in call order
+    # How each concurrent batch was placed: {"batch", "branches", "at_once", "why", "time"}.
+    batches: list[dict] = field(default_factory=list)
     _STATES: ClassVar[type[enum.Enum]] = RunState
 
 

@@ -20,7 +20,7 @@ from michelangelo.uniflow.core import _builtin_io  # noqa: F401  (registers the 
 from michelangelo.uniflow.core._console import Reporter
 from michelangelo.uniflow.core._fingerprint import call_key, inputs_fingerprint
 from michelangelo.uniflow.core._io import io_named, write_value
-from michelangelo.uniflow.core._logs import capture_output
+from michelangelo.uniflow.core._logs import capture_output, capture_thread_output
 from michelangelo.uniflow.core._plugin import TaskPlugin, find_plugin
 from michelangelo.uniflow.core._records import (
     RunRecord,
@@ -50,6 +50,40 @@ if TYPE_CHECKING:
 _ACTIVE_RUN: contextvars.ContextVar[Run | None] = contextvars.ContextVar(
     "uniflow_active_run", default=None
 )
+
+
+class CallScope:
+    """Numbers the task calls made in one thread of control (the workflow, or one branch).
+
+    The workflow body numbers its calls ``001-``, ``002-``, ...; a concurrent branch numbers
+    the calls it makes itself under its own prefix (``003-train[1].001-``), so that every id
+    depends only on call order within its branch, never on how branches interleave.
+    """
+
+    def __init__(self, prefix: str = "") -> None:
+        self.prefix = prefix
+        self._count = 0
+        self._lock = threading.Lock()
+
+    def next(self) -> int:
+        with self._lock:
+            self._count += 1
+            return self._count
+
+
+_SCOPE: contextvars.ContextVar[CallScope | None] = contextvars.ContextVar(
+    "uniflow_call_scope", default=None
+)
+
+
+@contextlib.contextmanager
+def call_scope(prefix: str) -> Iterator[None]:
+    """Number the task calls made inside the block under ``prefix``."""
+    token = _SCOPE.set(CallScope(prefix))
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)
 
 
 def active_run() -> Run | None:
@@ -117,10 +151,14 @@ class Run:
         )
         self.resources: dict[str, Any] = {}  # plugin state that lives as long as the run
         self._cleanups: list[Callable[[], None]] = []
-        self._sequence = 0
+        self._root_scope = CallScope()
         self._running: dict[str, TaskRecord] = {}
         self._warned: set[str] = set()
         self._record_lock = threading.Lock()
+        self._warn_lock = threading.Lock()
+        # Concurrent branches in flight: their attempts log per thread, not per process.
+        self._concurrent = 0
+        self._batches: list[Any] = []  # what concurrent.batch_run started (settled at the end)
         self._previous: dict[str, TaskRecord] = {}
         if resume is not None:
             if self.store.load_run(resume) is None:
@@ -147,9 +185,11 @@ class Run:
 
     def warn(self, message: str) -> None:
         """Show a warning on the console, once per run for the same text."""
-        if message not in self._warned:
+        with self._warn_lock:
+            if message in self._warned:
+                return
             self._warned.add(message)
-            self.reporter.warning(message)
+        self.reporter.warning(message)
 
     def progress(self, key: str, state: dict[str, Any] | None) -> None:
         """Live progress of a long step (``None`` removes it); safe from any thread."""
@@ -169,21 +209,78 @@ class Run:
             self.store.save_task(self.run_id, record)
         return True
 
+    # -- concurrent branches (michelangelo.uniflow.core.lib.concurrent) ----------------------
+    def reserve_call_id(self, name: str, *, branch: int | None = None,
+                        sequence: int | None = None) -> str:
+        """The next call id in this thread's scope (``003-train``), listed in the run now.
+
+        ``sequence`` reuses a number taken with :meth:`next_sequence` (a batch's branches
+        share one: ``003-train[0]``, ``003-train[1]``); ``branch`` adds the index.
+        """
+        scope = _SCOPE.get() or self._root_scope
+        number = scope.next() if sequence is None else sequence
+        call_id = f"{scope.prefix}{number:03d}-{name}"
+        if branch is not None:
+            call_id += f"[{branch}]"
+        with self._record_lock:
+            # run.json lists the calls when the run ends; while it goes, the call folders do.
+            self.record.tasks.append(call_id)
+        return call_id
+
+    def next_sequence(self) -> tuple[str, int]:
+        """A call number for a batch of branches: ``(scope prefix, number)``."""
+        scope = _SCOPE.get() or self._root_scope
+        return scope.prefix, scope.next()
+
+    def concurrency_changed(self, delta: int) -> None:
+        """Count batches in flight (+1 when one starts, -1 when its last branch ends).
+
+        While any is in flight, every attempt logs its own thread's output, since the
+        process-wide redirection of one attempt would swallow the others'.
+        """
+        with self._record_lock:
+            self._concurrent += delta
+
+    def track_batch(self, batch: Any) -> None:
+        """Keep ``batch`` (with ``wait()`` and ``stop()``) to settle when the run ends."""
+        with self._record_lock:
+            self._batches.append(batch)
+
+    def record_batch(self, entry: dict[str, Any]) -> None:
+        """Keep how a batch was placed (``michelangelo runs report`` shows it)."""
+        with self._record_lock:
+            self.record.batches.append({**entry, "time": time.time()})
+            self.store.save_run(self.record)
+
+    def _settle_batches(self, *, ok: bool) -> None:
+        # A branch nobody waited for still belongs to the run: wait for it after success;
+        # after a failure or Ctrl-C, stop what still runs and start nothing new.
+        while True:
+            with self._record_lock:
+                if not self._batches:
+                    return
+                batch = self._batches.pop()
+            if ok:
+                batch.wait()
+            else:
+                batch.stop()
+
     def _output_log(self, path: str) -> contextlib.AbstractContextManager[None]:
         """Capture the process output into ``path`` (a storage path) as the reporter wants."""
+        capture = capture_thread_output if self._concurrent else capture_output
         if self.storage.is_local:
-            return capture_output(path, quiet=self.reporter.quiet, on_warning=self.warn)
+            return capture(path, quiet=self.reporter.quiet, on_warning=self.warn)
         if not self.reporter.quiet:
             return contextlib.nullcontext()
-        return self._captured_remote(path)
+        return self._captured_remote(path, capture)
 
     @contextlib.contextmanager
-    def _captured_remote(self, path: str) -> Iterator[None]:
+    def _captured_remote(self, path: str, capture: Callable[..., Any]) -> Iterator[None]:
         # Remote storage cannot be appended to: log to a local file, upload it afterwards.
         handle, local = tempfile.mkstemp(prefix="uniflow-", suffix=".log")
         os.close(handle)
         try:
-            with capture_output(local, quiet=True, on_warning=self.warn):
+            with capture(local, quiet=True, on_warning=self.warn):
                 yield
         finally:
             with contextlib.suppress(Exception), open(local, "rb") as log:
@@ -222,7 +319,12 @@ class Run:
 
     def _body(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         try:
-            return fn(*args, **kwargs)
+            value = fn(*args, **kwargs)
+            self._settle_batches(ok=True)
+            return value
+        except BaseException:
+            self._settle_batches(ok=False)
+            raise
         finally:
             self._close_quietly()
 
@@ -246,8 +348,13 @@ class Run:
 
     # -- one task call ---------------------------------------------------------------------
     def call_task(self, task: Task, args: tuple, kwargs: dict) -> Any:
-        self._sequence += 1
-        call_id = f"{self._sequence:03d}-{task.name}"
+        call_id = self.reserve_call_id(task.name)
+        return self.call_task_as(task, call_id, args, kwargs)
+
+    def call_task_as(self, task: Task, call_id: str, args: tuple, kwargs: dict, *,
+                     label: str | None = None) -> Any:
+        """Call ``task`` under a call id already reserved; ``label`` names it in errors."""
+        args, kwargs = resolve_futures(args, kwargs)
         arguments = _bind(task.signature, args, kwargs, task.name)
         input_fp = inputs_fingerprint(arguments)
         key = call_key(task.identity, task.code_fingerprint, input_fp, task.cache_version)
@@ -259,13 +366,10 @@ class Run:
             inputs_fingerprint=input_fp,
             config=repr(task.config) if task.config is not None else None,
         )
-        # run.json lists the calls when the run ends; while it goes, the call folders do.
-        self.record.tasks.append(call_id)
-
         reused = self._from_previous(record) or (task.cache and self._from_cache(record))
         if reused:
             return reused[0]
-        return self._execute(task, record, arguments)
+        return self._execute(task, record, arguments, label or task.name)
 
     def _from_previous(self, record: TaskRecord) -> tuple[Any] | None:
         previous = self._previous.get(record.call_id)
@@ -309,7 +413,8 @@ class Run:
     def _load_output(self, output: dict) -> Any:
         return load_output(self.storage, output)
 
-    def _execute(self, task: Task, record: TaskRecord, arguments: dict[str, Any]) -> Any:
+    def _execute(self, task: Task, record: TaskRecord, arguments: dict[str, Any],
+                 label: str) -> Any:
         plugin = find_plugin(task.config)
         elsewhere = plugin.runs_elsewhere(task.config, self)
         call_dir = self.store.call_dir(self.run_id, record.call_id)
@@ -323,7 +428,8 @@ class Run:
             info = CallInfo(self.run_id, record.call_id, task.name, attempt, self.storage, call_dir)
             log_path = self.store.log_path(self.run_id, record.call_id, attempt)
             token = set_current_call(info)
-            self._running[record.call_id] = record
+            with self._record_lock:
+                self._running[record.call_id] = record
             try:
                 with (
                     self._output_log(log_path),
@@ -355,7 +461,8 @@ class Run:
                 raise
             finally:
                 reset_current_call(token)
-                self._running.pop(record.call_id, None)
+                with self._record_lock:
+                    self._running.pop(record.call_id, None)
             record.state = TaskState.SUCCEEDED
             record.error = None
             record.ended = time.time()
@@ -375,7 +482,7 @@ class Run:
         record.error["logs_command"] = self._logs_command(record.call_id)
         self.store.save_task(self.run_id, record)
         self.reporter.task_changed(record)
-        raise _summarized(_prefixed(last_exc, task.name), self.reporter)
+        raise _summarized(_prefixed(last_exc, label), self.reporter)
 
     def _logs_command(self, call_id: str) -> str:
         command = f"michelangelo runs logs {self.run_id} {call_id}"
@@ -428,6 +535,21 @@ def load_output(storage: Storage, output: dict) -> Any:
     return io.travelling(value, storage, folder, output["meta"])
 
 
+def resolve_futures(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Wait for the futures among a call's arguments (also inside lists, tuples and dicts)."""
+    return tuple(_resolved(a) for a in args), {k: _resolved(v) for k, v in kwargs.items()}
+
+
+def _resolved(value: Any) -> Any:
+    if getattr(type(value), "__uniflow_future__", False):
+        return value.result()
+    if type(value) in (list, tuple):
+        return type(value)(_resolved(v) for v in value)
+    if type(value) is dict:
+        return {k: _resolved(v) for k, v in value.items()}
+    return value
+
+
 def _bind(signature: inspect.Signature, args: tuple, kwargs: dict, name: str) -> dict[str, Any]:
     try:
         bound = signature.bind(*args, **kwargs)
@@ -476,7 +598,11 @@ def _summarized(exc: BaseException, reporter: Reporter) -> BaseException:
 
 def _prefixed(exc: BaseException, task_name: str) -> BaseException:
     """The user's own exception, its message prefixed with the task name."""
-    prefix = f"task {task_name!r} failed: "
+    return prefixed(exc, f"task {task_name!r} failed: ")
+
+
+def prefixed(exc: BaseException, prefix: str) -> BaseException:
+    """``exc`` itself (its type unchanged), its message starting with ``prefix``."""
     args = exc.args
     if args and isinstance(args[0], str):
         if not args[0].startswith(prefix):

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import signal
 import threading
-import warnings
 from collections.abc import Iterator
 
 from michelangelo.uniflow.core.errors import TaskTimeoutError
@@ -15,27 +15,23 @@ from michelangelo.uniflow.core.errors import TaskTimeoutError
 def time_limit(seconds: float | None, task_name: str) -> Iterator[None]:
     """Raise :class:`TaskTimeoutError` in the body when it runs past ``seconds``.
 
-    Uses a real-time interval timer, so it interrupts Python code (and blocking Ray calls,
-    which check for signals) in the main thread. Elsewhere the limit cannot be enforced and a
-    warning says so.
+    In the main thread a real-time interval timer interrupts Python code (and blocking Ray
+    calls, which check for signals). In another thread (a concurrent branch) a timer raises
+    the error in that thread as soon as it runs Python code again: a call blocked in native
+    code (a sleep, ``ray.get``) ends first.
     """
     if not seconds:
         yield
         return
+    message = (f"task {task_name!r} exceeded its timeout of {seconds:g}s. Raise "
+               f"@uniflow.task(timeout=...) or make the task faster.")
     if threading.current_thread() is not threading.main_thread():
-        warnings.warn(
-            f"task {task_name!r}: timeout={seconds} is only enforced when the workflow runs in "
-            "the main thread; running without a time limit.",
-            stacklevel=3,
-        )
-        yield
+        with _thread_time_limit(seconds, message):
+            yield
         return
 
     def _expire(signum, frame):
-        raise TaskTimeoutError(
-            f"task {task_name!r} exceeded its timeout of {seconds:g}s. Raise "
-            f"@uniflow.task(timeout=...) or make the task faster."
-        )
+        raise TaskTimeoutError(message)
 
     previous = signal.signal(signal.SIGALRM, _expire)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -44,3 +40,38 @@ def time_limit(seconds: float | None, task_name: str) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+def interrupt_thread(thread_id: int, error: type[BaseException]) -> bool:
+    """Raise ``error`` in another thread when it next runs Python code."""
+    done = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id),
+                                                      ctypes.py_object(error))
+    return done == 1
+
+
+@contextlib.contextmanager
+def _thread_time_limit(seconds: float, message: str) -> Iterator[None]:
+    # The error is raised by class (the interpreter instantiates it without arguments), so
+    # the message travels on a subclass that still reads as TaskTimeoutError.
+    expired = type("TaskTimeoutError", (TaskTimeoutError,),
+                   {"__init__": lambda self, *a: TaskTimeoutError.__init__(self, message),
+                    "__module__": TaskTimeoutError.__module__,
+                    "__reduce__": lambda self: (TaskTimeoutError, (message,))})
+    lock = threading.Lock()
+    state = {"armed": True}
+    thread_id = threading.get_ident()
+
+    def expire() -> None:
+        with lock:
+            if state["armed"]:
+                interrupt_thread(thread_id, expired)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        with lock:
+            state["armed"] = False
+        timer.cancel()

@@ -88,6 +88,11 @@ def _header(run: RunRecord, tasks: list[TaskRecord]) -> str:
         rows.append(("arguments", _e(", ".join(f"{k}={v}" for k, v in run.arguments.items()))))
     if run.error:
         rows.append(("error", _e(f"{run.error.get('type')}: {run.error.get('message')}")))
+    for batch in run.batches:  # how each concurrent batch was placed, and why
+        rows.append((f"batch {_e(batch.get('batch'))}",
+                     _e(f"{batch.get('branches')} branch(es) of "
+                        f"{', '.join(batch.get('tasks') or [])}, {batch.get('at_once')} at once "
+                        f"({'; '.join(batch.get('why') or [])})")))
     table = "".join(f"<tr><th>{k}</th><td>{v}</td></tr>" for k, v in rows)
     return (f"<h1>Run {_e(run.run_id)}</h1><div class=\"muted\">workflow "
             f"<b>{_e(run.workflow)}</b></div><table>{table}</table>")

@@ -12,9 +12,10 @@ import contextvars
 import functools
 import os
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from michelangelo.uniflow.core import current_call
 from michelangelo.uniflow.plugins.ray._capacity import (
     check_fits,
     current_shape,
@@ -22,10 +23,14 @@ from michelangelo.uniflow.plugins.ray._capacity import (
     worker_request,
 )
 from michelangelo.uniflow.plugins.ray._cluster import RayCluster
+from michelangelo.uniflow.plugins.ray._ledger import Ledger
 
 _CLUSTER: contextvars.ContextVar[RayCluster | None] = contextvars.ContextVar(
     "michelangelo_ray_cluster", default=None
 )
+# The bookings of the branches sharing the active cluster, and where to say that one waits.
+_LEDGER: contextvars.ContextVar[tuple[Ledger, Callable[[str], None]] | None] = (
+    contextvars.ContextVar("michelangelo_ray_ledger", default=None))
 _INSTALLED = False
 
 
@@ -38,18 +43,28 @@ def resource_wait_s() -> float:
 
 
 @contextlib.contextmanager
-def active_cluster(cluster: RayCluster) -> Iterator[None]:
+def active_cluster(cluster: RayCluster, ledger: Ledger | None = None,
+                   announce: Callable[[str], None] | None = None) -> Iterator[None]:
     token = _CLUSTER.set(cluster)
+    booked = _LEDGER.set((ledger, announce or (lambda _: None)) if ledger else None)
     try:
         yield
     finally:
+        _LEDGER.reset(booked)
         _CLUSTER.reset(token)
 
 
-def before_dispatch(scaling_config: Any, datasets: Any = None) -> None:
-    """Check a ScalingConfig against the active RayTask and wait for its resources."""
+@contextlib.contextmanager
+def dispatching(scaling_config: Any, datasets: Any = None) -> Iterator[None]:
+    """Check a ScalingConfig against the active RayTask, book it, wait for its resources.
+
+    A request that can never fit fails at once (:class:`CapacityError`); one that fits but
+    finds the room booked by concurrent branches waits for them, visibly; then the live
+    cluster must have the resources free (bounded wait).
+    """
     shape = current_shape(live_fallback=False)
     if shape is None:
+        yield
         return
     check_fits(scaling_config, shape)
     if datasets:
@@ -57,7 +72,17 @@ def before_dispatch(scaling_config: Any, datasets: Any = None) -> None:
     cluster = _CLUSTER.get()
     if cluster is not None:
         cluster.wait_for_nodes(node_wait_s())
-    wait_until_free(scaling_config, timeout_s=resource_wait_s())
+    workers, request = worker_request(scaling_config)
+    ledger = _LEDGER.get()
+    if ledger is None or workers == 0:
+        wait_until_free(scaling_config, timeout_s=resource_wait_s())
+        yield
+        return
+    call = current_call()
+    who = call.call_id if call is not None else "a Ray Train fit"
+    with ledger[0].hold(who, workers, request, ledger[1]):
+        wait_until_free(scaling_config, timeout_s=resource_wait_s())
+        yield
 
 
 def warn_if_data_starves(scaling_config: Any, shape: Any) -> None:
@@ -85,8 +110,8 @@ def install() -> None:
 
     @functools.wraps(original)
     def fit(self, *args: Any, **kwargs: Any):
-        before_dispatch(self.scaling_config, getattr(self, "datasets", None))
-        return original(self, *args, **kwargs)
+        with dispatching(self.scaling_config, getattr(self, "datasets", None)):
+            return original(self, *args, **kwargs)
 
     fit.__michelangelo_guard__ = True  # type: ignore[attr-defined]
     DataParallelTrainer.fit = fit

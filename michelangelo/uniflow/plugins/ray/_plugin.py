@@ -7,6 +7,7 @@ import logging
 import os
 import posixpath
 import tempfile
+import threading
 from collections.abc import Iterator
 
 from michelangelo.uniflow.core._plugin import TaskPlugin, register_plugin
@@ -14,16 +15,33 @@ from michelangelo.uniflow.core._remote import RemoteCall
 from michelangelo.uniflow.core._run import Run
 from michelangelo.uniflow.core._runtime import current_call
 from michelangelo.uniflow.plugins.ray import _failure, _guard, _remote_run
-from michelangelo.uniflow.plugins.ray._capacity import active_ray_task
+from michelangelo.uniflow.plugins.ray._capacity import (
+    ClusterShape,
+    active_ray_task,
+    unplaced_node,
+)
 from michelangelo.uniflow.plugins.ray._cluster import RayCluster
 from michelangelo.uniflow.plugins.ray._config import RayTask
+from michelangelo.uniflow.plugins.ray._ledger import Ledger
 from michelangelo.uniflow.plugins.ray._provisioners import make_cluster
+from michelangelo.uniflow.plugins.ray._quantity import format_bytes
 
 _KEY = "ray.cluster"
+_USERS = "ray.cluster.users"  # attempts running on the cluster now
+_LEDGER = "ray.cluster.ledger"
+_BRANCH_CPU = 1.0  # a Ray task's default: what each branch's Ray work takes at the least
 
 
 class RayTaskPlugin(TaskPlugin):
-    """One cluster per run, reused by every RayTask that fits it, removed when the run ends."""
+    """One cluster per run, reused by every RayTask that fits it, removed when the run ends.
+
+    Concurrent branches share it: one that needs a different cluster waits until the
+    branches on the current one are done, and Ray Train fits book their workers in the
+    cluster's :class:`Ledger` so that they never oversubscribe it.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
 
     def validate(self, config: RayTask) -> None:
         # RayTask validates itself at construction; nothing is left to check here.
@@ -35,11 +53,11 @@ class RayTaskPlugin(TaskPlugin):
             _remote_run.prepare(config, run)  # versions, capacity: before any job is sent
             yield
             return
-        cluster = self._cluster_for(config, run)
+        cluster, ledger = self._acquire(config, run)
         try:
             with (
                 active_ray_task(config),
-                _guard.active_cluster(cluster),
+                _guard.active_cluster(cluster, ledger, run.info),
                 _quiet_ray_data(run),
                 _forward_data_warnings(run),
             ):
@@ -49,6 +67,61 @@ class RayTaskPlugin(TaskPlugin):
             raise
         else:
             _collect_logs(cluster, run, None)
+        finally:
+            with self._cond:
+                run.resources[_USERS] -= 1
+                self._cond.notify_all()
+
+    def _acquire(self, config: RayTask, run: Run) -> tuple[RayCluster, Ledger]:
+        """The run's cluster for ``config``, counted as in use until the attempt ends."""
+        waited = False
+        with self._cond:
+            while True:
+                cluster: RayCluster | None = run.resources.get(_KEY)
+                if (cluster is None or cluster.can_host(config)
+                        or not run.resources.get(_USERS)):
+                    break
+                if not waited:
+                    waited = True
+                    call = current_call()
+                    run.info(f"{call.call_id if call else 'a RayTask'} waits for the branches on "
+                             f"the current Ray cluster to end: {config.describe()} does not "
+                             "fit it")
+                self._cond.wait()
+            cluster = self._cluster_for(config, run)
+            run.resources[_USERS] = run.resources.get(_USERS, 0) + 1
+            return cluster, run.resources[_LEDGER]
+
+    def plan_concurrency(self, configs: list[RayTask], run: Run) -> tuple[int | None, str]:
+        if self.runs_elsewhere(configs[0], run):
+            # Tried: with two jobs of one run at once, the job driver's working directory
+            # (the unpacked working_dir) vanished under one of them, both with one shared
+            # package and with a package per job (then when the other job ended). Until
+            # that is understood, remote branches take turns.
+            return 1, ("remote-run: RayTask branches run one after another (concurrent Ray "
+                       "jobs are not built yet)")
+        host = next((c for c in configs if all(_holds(c, other) for other in configs)), None)
+        if host is None:
+            return 1, ("RayTask branches of different shapes, none holding the others: "
+                       "one cluster at a time")
+        with self._cond:
+            cluster = self._cluster_for(host, run)
+            ledger: Ledger = run.resources[_LEDGER]
+        # What the cluster declares, less what running fits have booked. Ray's live view
+        # lags behind tasks that just ended, and would make the count depend on timing.
+        free: dict[str, float] = {}
+        for node in ledger.free():
+            for key, amount in node.items():
+                free[key] = free.get(key, 0.0) + max(0.0, amount)
+        cpus = free.get("CPU", 0.0)
+        memory = free.get("memory")
+        shapes = sorted({c.describe() for c in configs})
+        at_once = max(1, int(cpus // _BRANCH_CPU + 1e-9))
+        return at_once, (
+            f"Ray cluster {cluster.shape().describe()} has {cpus:g} free CPU"
+            + (f", memory {format_bytes(memory)}" if memory else "")
+            + f"; each branch ({'; '.join(shapes)}) takes at least {_BRANCH_CPU:g} CPU, and "
+            "a ScalingConfig books its workers when it dispatches")
 
     def _cluster_for(self, config: RayTask, run: Run) -> RayCluster:
         cluster: RayCluster | None = run.resources.get(_KEY)
@@ -63,6 +136,7 @@ class RayTaskPlugin(TaskPlugin):
         with run.status(f"starting Ray cluster: {config.describe()}"):
             cluster.start()
         run.resources[_KEY] = cluster
+        run.resources[_LEDGER] = Ledger(cluster.shape())
         if cluster.dashboard_url:
             run.info(f"Ray dashboard: {cluster.dashboard_url}")
         return cluster
@@ -75,6 +149,14 @@ class RayTaskPlugin(TaskPlugin):
 
     def run_elsewhere(self, config: RayTask, run: Run, call: RemoteCall) -> None:
         _remote_run.submit(config, run, call)
+
+
+def _holds(host: RayTask, other: RayTask) -> bool:
+    """Whether a cluster of ``host``'s shape can also run ``other``'s body."""
+    if host.runtime_env != other.runtime_env:
+        return False
+    return unplaced_node(ClusterShape.from_ray_task(other).nodes,
+                         ClusterShape.from_ray_task(host).nodes) is None
 
 
 def _collect_logs(cluster: RayCluster, run: Run, exc: BaseException | None) -> None:
@@ -102,6 +184,11 @@ def _attach_failure(exc: BaseException | None, folder: str) -> None:
             exc.uniflow_failure_detail = detail  # type: ignore[attr-defined]
 
 
+_QUIET_LOCK = threading.Lock()
+_QUIETED = 0
+_BARS_BEFORE = (True, True)
+
+
 @contextlib.contextmanager
 def _quiet_ray_data(run: Run) -> Iterator[None]:
     """No Ray Data progress bars while the console is quiet: they only fill the log."""
@@ -110,14 +197,22 @@ def _quiet_ray_data(run: Run) -> Iterator[None]:
         return
     from ray.data import DataContext
 
+    global _QUIETED, _BARS_BEFORE
     context = DataContext.get_current()
-    before = (context.enable_progress_bars, context.enable_operator_progress_bars)
-    context.enable_progress_bars = False
-    context.enable_operator_progress_bars = False
+    with _QUIET_LOCK:  # concurrent branches: the first one in saves, the last one out restores
+        if _QUIETED == 0:
+            _BARS_BEFORE = (context.enable_progress_bars, context.enable_operator_progress_bars)
+            context.enable_progress_bars = False
+            context.enable_operator_progress_bars = False
+        _QUIETED += 1
     try:
         yield
     finally:
-        context.enable_progress_bars, context.enable_operator_progress_bars = before
+        with _QUIET_LOCK:
+            _QUIETED -= 1
+            if _QUIETED == 0:
+                context.enable_progress_bars, context.enable_operator_progress_bars = (
+                    _BARS_BEFORE)
 
 
 class _DataWarnings(logging.Handler):

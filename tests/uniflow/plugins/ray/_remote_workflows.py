@@ -78,10 +78,19 @@ def slow(seconds: float) -> str:
     return sleeper(seconds)
 
 
+@uniflow.workflow()
+def batch_of_jobs() -> list:
+    from michelangelo.uniflow.core.lib import concurrent
+
+    return concurrent.batch_run([concurrent.new_callable(cached, x) for x in (1, 2)]).get()
+
+
 if __name__ == "__main__":
     context = uniflow.create_context()
     if os.environ.get("WF") == "slow":
         result = context.run(slow, float(os.environ["WF_SECONDS"]))
+    elif os.environ.get("WF") == "batch":
+        result = context.run(batch_of_jobs)
     elif os.environ.get("WF") == "huge":
         result = context.run(too_big)
     else:

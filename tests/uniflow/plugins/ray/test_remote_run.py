@@ -142,6 +142,21 @@ def test_resumed_run_reuses_and_finishes_on_the_cluster(feature_runs, storage):
     assert "working_dir_files" in result and f"'pid': {os.getpid()}" not in result
 
 
+def test_a_batch_runs_its_branches_as_jobs_one_after_another(cluster, storage):
+    env = cluster.client_env(storage)
+    env["WF"] = "batch"
+    done = _run([sys.executable, WORKFLOWS, "remote-run", "--ray-address",
+                 cluster.dashboard_url], env)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-6000:]
+    # Concurrent Ray jobs are not built yet: the batch says so and takes turns.
+    assert "2 branch(es) of cached, 1 at once" in output and "one after another" in output
+    tasks = _tasks(storage, _run_id(output))
+    assert {k: v.state for k, v in tasks.items()} == {
+        "001-cached[0]": TaskState.SUCCEEDED, "001-cached[1]": TaskState.SUCCEEDED}
+    assert "cached body runs for x=2" in _log(storage, _run_id(output), "001-cached[1]", 1)
+
+
 def test_quickstart_through_the_cli_with_ray_address(cluster, storage):
     quickstart = os.path.join(REPO, "examples", "quickstart", "workflow.py")
     args = ["--arg", "n_rows=400", "--arg", "epochs=1"]

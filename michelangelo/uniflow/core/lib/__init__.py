@@ -1,0 +1,1 @@
+"""Libraries for workflow bodies (``from michelangelo.uniflow.core.lib import concurrent``)."""
