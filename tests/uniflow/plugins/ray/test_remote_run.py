@@ -92,7 +92,10 @@ def feature_runs(cluster, storage, tmp_path_factory):
     env = cluster.client_env(storage)
     env.update(WF_MARKER=str(scratch / "marker"), WF_FLAG=str(scratch / "flag"))
     command = [sys.executable, WORKFLOWS, "remote-run", "--ray-address", cluster.dashboard_url]
-    first = _run(command, env)
+    # UF_DEBUG=1 keeps Python's traceback (with the remote one noted on the exception) after
+    # the console's summary; without it, whether the job's last lines reach the summary
+    # depends on when Ray's log tail catches up.
+    first = _run(command, {**env, "UF_DEBUG": "1"})
     first_id = _run_id(first.stdout + first.stderr)
     (scratch / "flag").write_text("present")
     second = _run([*command, "--resume", first_id], env)
