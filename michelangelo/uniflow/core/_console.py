@@ -46,6 +46,13 @@ def format_progress(state: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
+def in_flight(records: dict[str, TaskRecord]) -> str:
+    """``in flight: 002-train[0], 002-train[2]`` while branches of a batch run, else ``""``."""
+    running = [r.call_id for r in records.values()
+               if r.state == TaskState.RUNNING and "[" in r.call_id]
+    return f"in flight: {', '.join(running)}" if running else ""
+
+
 def _clock(seconds: float) -> str:
     seconds = max(int(seconds), 0)
     hours, rest = divmod(seconds, 3600)
@@ -117,6 +124,8 @@ class PlainReporter(Reporter):
         self._progress_printed: dict[str, float] = {}
         self._last_progress: dict[str, dict] = {}
         self._finished: dict[str, dict] = {}
+        self._branches: dict[str, TaskRecord] = {}
+        self._lock = threading.Lock()
 
     @property
     def stream(self):
@@ -132,6 +141,13 @@ class PlainReporter(Reporter):
     def task_changed(self, record: TaskRecord) -> None:
         if record.state == TaskState.PENDING:
             return
+        flying = ""
+        if "[" in record.call_id:  # a branch of a batch: say which branches now run
+            with self._lock:
+                self._branches[record.call_id] = record
+                flying = in_flight(self._branches)
+                if record.state != TaskState.RUNNING and not flying:
+                    self._branches.clear()
         text = f"task {record.call_id} {record.state.value}"
         if record.state != TaskState.RUNNING and record.duration_s is not None:
             text += f" in {record.duration_s:.2f}s"
@@ -140,8 +156,10 @@ class PlainReporter(Reporter):
         if record.state == TaskState.FAILED and record.error:
             for line in failure_lines(record):
                 self._print(line)
-            return
-        self._print(text)
+        else:
+            self._print(text)
+        if flying and record.state != TaskState.RUNNING:
+            self._print(f"  {flying}")
 
     def run_finished(self, run: RunRecord) -> None:
         took = (run.ended or time.time()) - run.started
@@ -215,6 +233,9 @@ class RichReporter(Reporter):
             took = f"{record.duration_s:.1f}s" if record.duration_s is not None else ""
             table.add_row(record.call_id, f"[{style}]{record.state.value}[/]", took)
         parts = [table]
+        flying = in_flight(self._records)
+        if flying:
+            parts.append(flying)
         if self._bar_ids:
             parts.append(self._bars)
         if self._status_text:

@@ -107,31 +107,43 @@ class JobsCluster:
     # -- one job ----------------------------------------------------------------------------
     def run_job(self, *, entrypoint: str, runtime_env: dict, submission_id: str,
                 deadline_s: float | None = None,
-                echo: Callable[[str], None] = print) -> tuple[str, str]:
+                echo: Callable[[str], None] = print,
+                setup_gate: threading.Lock | None = None) -> tuple[str, str]:
         """Submit, stream the job's output to ``echo`` while it runs, return its status.
 
         Ctrl-C, SIGTERM or the deadline stop the job before returning (or raising).
+        ``setup_gate``, when given, is held from submission until the job has left
+        ``PENDING``: jobs sharing a ``working_dir`` must not set it up at the same time
+        (Ray's runtime-env agent unpacks a package it has not finished caching again, with
+        ``overwrite``, deleting the folder the first job already runs in).
 
         Returns:
             ``(status, message)`` of the ended job.
         """
         with _sigterm_as_interrupt():
-            job_id = self.client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env,
-                                            submission_id=submission_id)
+            gate = _HeldUntilStarted(setup_gate)
             try:
-                return self._follow(job_id, deadline_s, echo)
-            except BaseException:
-                self.stop(job_id)
-                raise
+                job_id = self.client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env,
+                                                submission_id=submission_id)
+                try:
+                    return self._follow(job_id, deadline_s, echo, gate.release)
+                except BaseException:
+                    self.stop(job_id)
+                    raise
+            finally:
+                gate.release()
 
     def _follow(self, job_id: str, deadline_s: float | None,
-                echo: Callable[[str], None]) -> tuple[str, str]:
+                echo: Callable[[str], None],
+                on_started: Callable[[], None] = lambda: None) -> tuple[str, str]:
         started = time.monotonic()
         shown = 0
         poll = _POLL_START_S
         while True:
             info = self.client.get_job_info(job_id)
             status = str(getattr(info.status, "value", info.status))
+            if status != "PENDING":
+                on_started()
             shown = self._echo_new(job_id, shown, echo)
             if status in _TERMINAL:
                 self._echo_new(job_id, shown, echo)
@@ -189,6 +201,22 @@ def compare_versions(client: dict[str, str], cluster: dict[str, str], address: s
         f"ray=={cluster['ray']} on a Python {'.'.join(cluster['python'].split('.')[:2])} here, "
         "or use a cluster image with this machine's versions."
     )
+
+
+class _HeldUntilStarted:
+    """A lock taken now and released once (when the job starts, or at the latest when it ends)."""
+
+    def __init__(self, lock: threading.Lock | None) -> None:
+        self._lock = lock
+        # In short waits: a branch thread stopped by the run (an async KeyboardInterrupt)
+        # must not sit in one uninterruptible acquire.
+        while lock is not None and not lock.acquire(timeout=0.2):
+            pass
+
+    def release(self) -> None:
+        lock, self._lock = self._lock, None
+        if lock is not None:
+            lock.release()
 
 
 @contextlib.contextmanager

@@ -94,12 +94,7 @@ class RayTaskPlugin(TaskPlugin):
 
     def plan_concurrency(self, configs: list[RayTask], run: Run) -> tuple[int | None, str]:
         if self.runs_elsewhere(configs[0], run):
-            # Tried: with two jobs of one run at once, the job driver's working directory
-            # (the unpacked working_dir) vanished under one of them, both with one shared
-            # package and with a package per job (then when the other job ended). Until
-            # that is understood, remote branches take turns.
-            return 1, ("remote-run: RayTask branches run one after another (concurrent Ray "
-                       "jobs are not built yet)")
+            return _remote_run.plan_concurrency(configs, run)
         host = next((c for c in configs if all(_holds(c, other) for other in configs)), None)
         if host is None:
             return 1, ("RayTask branches of different shapes, none holding the others: "

@@ -16,6 +16,7 @@ import re
 import shlex
 import sys
 import tempfile
+import threading
 import uuid
 from typing import Any
 
@@ -24,6 +25,7 @@ from michelangelo.uniflow.core._remote import RemoteCall
 from michelangelo.uniflow.core._run import Run
 from michelangelo.uniflow.core._runtime import current_call
 from michelangelo.uniflow.core.errors import UserError
+from michelangelo.uniflow.plugins.ray._capacity import ClusterShape
 from michelangelo.uniflow.plugins.ray._config import RayTask
 from michelangelo.uniflow.plugins.ray._jobs import JobFailedError, JobsCluster
 from michelangelo.uniflow.plugins.ray._sdk_probe import (
@@ -106,6 +108,11 @@ class _RemoteState:
             self.use(address)
         self.packed: PackedProject | None = None
         self._scratch = tempfile.mkdtemp(prefix="uf-remote-")
+        # Concurrent branches share this state: one packing at a time, and per cluster one
+        # job at a time setting up its runtime env (see JobsCluster.run_job).
+        self._lock = threading.Lock()
+        self._setup_gates: dict[str, threading.Lock] = {}
+        self._probe_lock = threading.Lock()
 
     def use(self, address: str) -> JobsCluster:
         """Dispatch to the cluster at ``address`` from now on (versions checked once)."""
@@ -121,13 +128,14 @@ class _RemoteState:
         Probed once per cluster, just before its first task job (after the capacity check,
         so a task that can never fit submits nothing).
         """
-        if cluster.address not in self._ship_sdk:
-            try:
-                self._ship_sdk[cluster.address] = self._check_sdk(cluster)
-            except Exception as exc:
-                exc.uniflow_retryable = False  # type: ignore[attr-defined]  # stays wrong
-                raise
-        return self._ship_sdk[cluster.address]
+        with self._probe_lock:  # branches at once: one probe job per cluster
+            if cluster.address not in self._ship_sdk:
+                try:
+                    self._ship_sdk[cluster.address] = self._check_sdk(cluster)
+                except Exception as exc:
+                    exc.uniflow_retryable = False  # type: ignore[attr-defined]  # stays wrong
+                    raise
+            return self._ship_sdk[cluster.address]
 
     def _check_sdk(self, cluster: JobsCluster) -> bool:
         python = os.environ.get(ENV_JOB_PYTHON, "python")
@@ -146,9 +154,15 @@ class _RemoteState:
 
     def project(self, source_file: str) -> PackedProject:
         root = project_root(source_file)
-        if self.packed is None or self.packed.root != root:
-            self.packed = pack_project(root, self._scratch)
-        return self.packed
+        with self._lock:
+            if self.packed is None or self.packed.root != root:
+                self.packed = pack_project(root, self._scratch)
+            return self.packed
+
+    def setup_gate(self, cluster: JobsCluster) -> threading.Lock:
+        """The lock jobs on ``cluster`` hold while Ray sets up their environment."""
+        with self._lock:
+            return self._setup_gates.setdefault(cluster.address, threading.Lock())
 
     def close(self) -> None:
         import shutil
@@ -156,15 +170,45 @@ class _RemoteState:
         shutil.rmtree(self._scratch, ignore_errors=True)
 
 
+_STATE_LOCK = threading.Lock()
+
+
 def _state(run: Run) -> _RemoteState:
-    state = run.resources.get(_KEY)
-    if state is None:
-        state = _RemoteState(run)
-        run.resources[_KEY] = state
-        run.add_cleanup(state.close)
-        where = state.cluster.address if state.cluster else "a KubeRay RayCluster per RayTask"
-        run.info(f"remote-run: RayTask bodies run as Ray jobs on {where}")
-    return state
+    with _STATE_LOCK:  # concurrent branches reach here at once
+        state = run.resources.get(_KEY)
+        if state is None:
+            state = _RemoteState(run)
+            run.resources[_KEY] = state
+            run.add_cleanup(state.close)
+            where = state.cluster.address if state.cluster else "a KubeRay RayCluster per RayTask"
+            run.info(f"remote-run: RayTask bodies run as Ray jobs on {where}")
+        return state
+
+
+def plan_concurrency(configs: list[RayTask], run: Run) -> tuple[int, str]:
+    """How many RayTask branches run as jobs at once on the ``--ray-address`` cluster.
+
+    As many copies of the largest branch's nodes (head and workers, summed per resource) as
+    the cluster's live totals hold, at least one; a branch that can never fit still fails
+    alone in its own capacity check.
+    """
+    state = _state(run)
+    if state.kuberay is not None:
+        return 1, ("--kuberay: RayTask branches take turns (one RayCluster per concurrent "
+                   "branch is not built yet)")
+    assert state.cluster is not None
+    live = state.cluster.live_shape()
+    total = live.total()
+    need: dict[str, float] = {}
+    for config in configs:
+        for key, amount in ClusterShape.from_ray_task(config).total().items():
+            need[key] = max(need.get(key, 0.0), amount)
+    copies = [int(total.get(key, 0.0) // amount + 1e-9) for key, amount in need.items()
+              if amount > 0]
+    at_once = max(1, min(copies) if copies else len(configs))
+    shapes = "; ".join(sorted({c.describe() for c in configs}))
+    return at_once, (f"remote-run: {live.describe()} holds {at_once} branch(es) of "
+                     f"{shapes} at once, each a Ray job")
 
 
 def prepare(config: RayTask, run: Run) -> None:
@@ -224,7 +268,7 @@ def submit(config: RayTask, run: Run, call: RemoteCall) -> None:
     run.info(f"task {call.call_id} attempt {call.attempt}: Ray job {submission_id}")
     status, message = state.cluster.run_job(
         entrypoint=entrypoint, runtime_env=runtime_env, submission_id=submission_id,
-        deadline_s=deadline, echo=_echo,
+        deadline_s=deadline, echo=_echo, setup_gate=state.setup_gate(state.cluster),
     )
     if state.kuberay is not None and status == "SUCCEEDED":
         _publish_deployments(state, config, run, call)

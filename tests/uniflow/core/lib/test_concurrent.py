@@ -17,7 +17,7 @@ import time
 import pytest
 
 import michelangelo.uniflow.core as uniflow
-from michelangelo.uniflow.core._console import Reporter
+from michelangelo.uniflow.core._console import PlainReporter, Reporter
 from michelangelo.uniflow.core._records import RunStore, TaskState
 from michelangelo.uniflow.core._storage import Storage
 from michelangelo.uniflow.core.lib import concurrent
@@ -124,6 +124,23 @@ def _most_at_once(spans: list[tuple[float, float]]) -> int:
         now += step
         most = max(most, now)
     return most
+
+
+def test_the_plain_console_names_the_branches_still_in_flight(tmp_path):
+    import io
+
+    stream = io.StringIO()
+    _ctx(reporter=PlainReporter(stream, quiet=True)).run(two_meeting, str(tmp_path))
+    lines = stream.getvalue().splitlines()
+    # Both branches ran together (they met), so when the first ended, the other was named
+    # as still in flight; after the last one, no such line.
+    ended = [i for i, line in enumerate(lines) if " task 001-meet[" in line
+             and " succeeded in " in line]
+    assert len(ended) == 2, lines
+    first, last = ended
+    still = "001-meet[1]" if "001-meet[0]" in lines[first] else "001-meet[0]"
+    assert lines[first + 1] == f"[uniflow]   in flight: {still}", lines
+    assert last + 1 == len(lines) or "in flight" not in lines[last + 1], lines
 
 
 def test_max_concurrency_bounds_the_branches_in_flight(tmp_path):
@@ -292,7 +309,7 @@ def test_ctrl_c_stops_every_branch_and_records_the_run_interrupted(tmp_path):
     script.write_text(textwrap.dedent(f"""
         import os, time
         import michelangelo.uniflow.core as uniflow
-        from michelangelo.uniflow.core._console import Reporter
+        from michelangelo.uniflow.core._console import PlainReporter, Reporter
         from michelangelo.uniflow.core.lib import concurrent
 
         FOLDER = {str(tmp_path)!r}

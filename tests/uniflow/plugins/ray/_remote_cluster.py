@@ -127,8 +127,14 @@ def _start_once(workers: list[dict[str, str]], head: dict[str, str], log_dir: st
 
         address = f"{get_node_ip_address()}:{port}"
         for index, worker in enumerate(workers):
+            # A node of its own temp dir, as on separate hosts: nodes sharing one would also
+            # share Ray's unpacked runtime envs, and each node's agent re-unpacks (deletes,
+            # then writes) a working_dir it has not cached yet under the jobs already in it.
+            node_dir = os.path.join(temp_dir, f"w{index}")
+            os.makedirs(node_dir)
             started(f"worker-{index}", [
-                f"--address={address}", f"--dashboard-agent-listen-port={free_port()}",
+                f"--address={address}", f"--temp-dir={node_dir}",
+                f"--dashboard-agent-listen-port={free_port()}",
                 f"--metrics-export-port={free_port()}", *_flags(worker),
             ])
         _wait(lambda: _alive_nodes(cluster) >= 1 + len(workers), cluster, timeout_s)

@@ -49,6 +49,24 @@ def fragile(flag: str) -> str:
 
 
 @uniflow.task(config=SMALL)
+def meet(x: int, folder: str, branches: int) -> dict:
+    """Says it started, then waits for every branch of its batch to start too (or gives up).
+
+    Run one after another, the first branch can never see the others start, so its answer
+    shows whether the jobs really overlapped, without reading any clock.
+    """
+    print(f"meet body runs for x={x}", flush=True)
+    open(os.path.join(folder, f"started-{x}"), "w").close()
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        seen = sorted(n for n in os.listdir(folder) if n.startswith("started-"))
+        if len(seen) >= branches:
+            break
+        time.sleep(0.2)
+    return {"x": x, "seen": len(seen), **_where()}
+
+
+@uniflow.task(config=SMALL)
 def sleeper(seconds: float) -> str:
     print("sleeper started", flush=True)
     time.sleep(seconds)
@@ -79,18 +97,29 @@ def slow(seconds: float) -> str:
 
 
 @uniflow.workflow()
-def batch_of_jobs() -> list:
+def batch_of_jobs(folder: str) -> list:
     from michelangelo.uniflow.core.lib import concurrent
 
-    return concurrent.batch_run([concurrent.new_callable(cached, x) for x in (1, 2)]).get()
+    return concurrent.batch_run([concurrent.new_callable(meet, x, folder, 2)
+                                 for x in (1, 2)]).get()
+
+
+@uniflow.workflow()
+def slow_batch(seconds: float) -> list:
+    from michelangelo.uniflow.core.lib import concurrent
+
+    return concurrent.batch_run([concurrent.new_callable(sleeper, seconds)
+                                 for _ in range(2)]).get()
 
 
 if __name__ == "__main__":
     context = uniflow.create_context()
     if os.environ.get("WF") == "slow":
         result = context.run(slow, float(os.environ["WF_SECONDS"]))
+    elif os.environ.get("WF") == "slow_batch":
+        result = context.run(slow_batch, float(os.environ["WF_SECONDS"]))
     elif os.environ.get("WF") == "batch":
-        result = context.run(batch_of_jobs)
+        result = context.run(batch_of_jobs, os.environ["WF_MEET"])
     elif os.environ.get("WF") == "huge":
         result = context.run(too_big)
     else:

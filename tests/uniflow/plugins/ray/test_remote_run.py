@@ -145,19 +145,26 @@ def test_resumed_run_reuses_and_finishes_on_the_cluster(feature_runs, storage):
     assert "working_dir_files" in result and f"'pid': {os.getpid()}" not in result
 
 
-def test_a_batch_runs_its_branches_as_jobs_one_after_another(cluster, storage):
+def test_a_batch_runs_its_branches_as_concurrent_jobs(cluster, storage, tmp_path):
     env = cluster.client_env(storage)
-    env["WF"] = "batch"
+    env.update(WF="batch", WF_MEET=str(tmp_path))
     done = _run([sys.executable, WORKFLOWS, "remote-run", "--ray-address",
                  cluster.dashboard_url], env)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-6000:]
-    # Concurrent Ray jobs are not built yet: the batch says so and takes turns.
-    assert "2 branch(es) of cached, 1 at once" in output and "one after another" in output
-    tasks = _tasks(storage, _run_id(output))
+    # The plan line says why two at once: the cluster holds two copies of the branch's nodes.
+    assert "2 branch(es) of meet, 2 at once" in output and "each a Ray job" in output
+    run_id = _run_id(output)
+    tasks = _tasks(storage, run_id)
     assert {k: v.state for k, v in tasks.items()} == {
-        "001-cached[0]": TaskState.SUCCEEDED, "001-cached[1]": TaskState.SUCCEEDED}
-    assert "cached body runs for x=2" in _log(storage, _run_id(output), "001-cached[1]", 1)
+        "001-meet[0]": TaskState.SUCCEEDED, "001-meet[1]": TaskState.SUCCEEDED}
+    # Each job saw the other one start: they ran at the same time, each in its own
+    # process in the unpacked project folder (the shared working_dir stayed in place).
+    result = done.stdout.split("result: ", 1)[1]
+    assert result.count("'seen': 2") == 2, result
+    assert result.count("working_dir_files") == 2, result
+    for call_id, x in (("001-meet[0]", 1), ("001-meet[1]", 2)):
+        assert f"meet body runs for x={x}" in _log(storage, run_id, call_id, 1)
 
 
 def test_quickstart_through_the_cli_with_ray_address(cluster, storage):
@@ -249,6 +256,33 @@ def test_ctrl_c_stops_the_running_job(cluster, storage):
             proc.kill()
     assert proc.returncode != 0
     assert str(client.get_job_status(job)) in ("STOPPED", "JobStatus.STOPPED")
+
+
+def test_ctrl_c_stops_every_running_branch_job(cluster, storage):
+    env = cluster.client_env(storage)
+    env.update(WF="slow_batch", WF_SECONDS="300")
+    proc = subprocess.Popen([sys.executable, WORKFLOWS, "remote-run", "--ray-address",
+                             cluster.dashboard_url], env=env, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    client = _jobs(cluster)
+    jobs: list[str] = []
+    deadline = time.monotonic() + 600
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            jobs = [j.submission_id for j in client.list_jobs()
+                    if "sleeper[" in (j.submission_id or "") and j.status == "RUNNING"
+                    and "sleeper started" in client.get_job_logs(j.submission_id)]
+            if len(jobs) == 2:
+                break
+            time.sleep(0.5)
+        assert len(jobs) == 2, f"the two sleeper jobs never ran together: {jobs}"
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert [str(client.get_job_status(job)).split(".")[-1] for job in jobs] == ["STOPPED"] * 2
 
 
 def _job_python(tmp_path, *, site_packages: bool) -> str:
