@@ -106,7 +106,15 @@ class ModelEndpoint:
                        ) -> tuple[int, dict[str, str], bytes]:
         canary = await self.canary.target(method, path)
         if canary is not None:
-            body = await read()
+            try:
+                body = await read()
+            except Exception as exc:  # answered as any request whose body cannot be read
+                error = exc
+
+                async def fail() -> bytes:
+                    raise error
+
+                return (await self._answer(method, path, headers, fail))[:3]
             started = time.perf_counter()
             try:
                 status, out_headers, content, failed = await canary.answer_here.remote(

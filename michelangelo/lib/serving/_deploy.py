@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -306,9 +307,10 @@ def _start_canary(description: DeploymentDescription, share: float,
         current = rollout_of(ray.get(record.status.remote()))
         if (current.state == CANARY and current.canary_revision == canary.revision_id
                 and app in _app_names()):
-            ray.get(record.set_share.remote(
+            refused = ray.get(record.set_share.remote(
                 share, dataclasses.asdict(auto_rollback) if auto_rollback else None))
-            return get_deployment(name)
+            if refused is None:
+                return get_deployment(name)
         _end_rollout(name, f"replaced by a canary of revision {canary.revision_id}")
     try:
         serve.run(build_app({"description": canary.to_dict()}), name=app,
@@ -334,10 +336,9 @@ def _end_rollout(name: str, reason: str) -> None:
 
     record = find_record(name)
     if record is not None:
-        try:
+        # A record that died meanwhile: still remove what it pointed at.
+        with contextlib.suppress(Exception):
             ray.get(record.roll_back.remote(reason))
-        except Exception:  # the record died: still remove what it pointed at
-            pass
         end_record(name)
         deadline = time.monotonic() + 60
         while find_record(name) is not None and time.monotonic() < deadline:
@@ -380,7 +381,10 @@ def promote(name: str) -> Deployment:
     app = canary_app(name)
     info = serve.get_app_handle(app).describe.remote().result(timeout_s=60)
     promoted = DeploymentDescription.from_dict(info["description"])
-    ray.get(record.set_share.remote(1.0, None))
+    refused = ray.get(record.set_share.remote(1.0, None))
+    if refused is not None:
+        raise DeploymentError(f"endpoint {name!r} has no canary to promote: revision "
+                              f"{rollout.canary_revision} was rolled back meanwhile ({refused}).")
     try:
         _run(promoted, prove=False)  # it has answered requests already
     except Exception:

@@ -171,11 +171,13 @@ class RolloutRecord:
         return {"app": canary_app(self.name), "revision": self.canary_revision,
                 "share": self.share if self.state == CANARY else 0.0}
 
-    async def set_share(self, share: float, auto_rollback: dict[str, Any] | None) -> None:
+    async def set_share(self, share: float, auto_rollback: dict[str, Any] | None) -> str | None:
+        """Move the split; returns why not (the rollback's reason) once rolled back."""
         if self.state != CANARY:
-            raise RuntimeError("rolled back")
+            return self.reason or "rolled back"
         self.share = share
         self.auto = AutoRollback(**auto_rollback) if auto_rollback else None
+        return None
 
     async def roll_back(self, reason: str) -> None:
         """Traffic back to the stable revision; returns once the canary is removed."""
@@ -270,13 +272,11 @@ class CanaryRouter:
         if pinned is None and not weighted:
             return None
         traffic = await self._current()
-        if not traffic or int(traffic["revision"]) == self.own_revision:
-            return None
+        share = float(traffic["share"]) if traffic else 0.0
+        if not traffic or share <= 0 or int(traffic["revision"]) == self.own_revision:
+            return None  # no canary, or one rolled back (pinned paths get this one's 404)
         if pinned is not None:
             return self._handle(traffic["app"]) if pinned == str(traffic["revision"]) else None
-        share = float(traffic["share"])
-        if share <= 0:
-            return None
         # Deterministic: exactly floor(n * share) of n requests, spread evenly.
         self._credit += share
         if self._credit < 1 - 1e-9:
