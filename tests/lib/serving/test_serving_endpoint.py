@@ -463,7 +463,7 @@ def test_a_canary_takes_its_share_on_both_paths_then_rolls_back(env):
     # Requests one after another, alternating the endpoint's prefix and the server's root:
     # each replica routes exactly every fifth request it takes to the canary.
     seen = {"prefix": [], "root": []}
-    for i in range(300):
+    for i in range(200):
         path, url, body = (("prefix", rows.url, {"inputs": [[1, 2, 3, 4]]}) if i % 2 == 0
                            else ("root", rows.root_infer_url, ROOT_ROW))
         status, revision = _answered_by(url, body)

@@ -73,3 +73,18 @@ def test_auto_rollback_judges_the_last_window_of_requests():
                     "max_p99_latency_s=0.5")
     assert percentile([0.1 * i for i in range(1, 101)], 99) == pytest.approx(9.9)
     assert percentile([3.0], 99) == 3.0
+
+
+def test_cli_canary_refuses_a_bad_share_in_one_line(registry, monkeypatch):
+    from click.testing import CliRunner
+
+    from michelangelo.cli._main import cli
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    result = CliRunner().invoke(cli, ["deployments", "canary", "rows", "serving/rows:2",
+                                      "--share", "1.5", "--registry", str(registry.url)])
+    assert result.exit_code == 1
+    assert "canary=1.5 must be a share strictly between 0 and 1" in result.output
+    result = CliRunner().invoke(cli, ["deployments", "canary", "rows", "serving/rows:2",
+                                      "--max-error-rate", "2", "--registry", str(registry.url)])
+    assert result.exit_code == 1 and "max_error_rate=2.0 must be a share" in result.output
