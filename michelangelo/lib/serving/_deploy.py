@@ -166,7 +166,8 @@ def deploy(spec: Any, *, name: str | None = None, num_replicas: int = 1,
     Raises:
         ValueError: An argument is invalid (raised before any cluster is touched).
         DeploymentError: No cluster, the replicas failed to become ready (with why), or a
-            canary has no endpoint to stand beside.
+            canary is not another revision of the endpoint's model.
+        DeploymentNotFoundError: ``canary=`` or ``traffic=`` names no live endpoint.
     """
     share = _canary_share(canary, traffic, auto_rollback)
     if isinstance(auto_rollback, dict):
