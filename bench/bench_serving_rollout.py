@@ -259,7 +259,7 @@ def _raw_serve_update(endpoint, drifting, registry, port) -> dict:
         mark = sum(stream.mark())
         stream.wait(lambda: sum(stream.mark()) >= mark + 50, timeout=60)
         silence = stream.longest_silence(started)
-        after = stream.mark()
+    after = stream.mark()  # the clients' last requests included (timed out or answered)
     serve.delete("raw")
     return {"answered": after[0] - before[0], "failed": after[1] - before[1], "error": error,
             "longest_silence_s": silence, "failures": stream.failures[:5]}
