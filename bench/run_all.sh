@@ -27,4 +27,7 @@ echo "=== bench_serving.py ==="
 # Serving: binary tensors vs JSON for a 1M-float tensor through tritonclient.
 echo "=== bench_serving_binary.py ==="
 "$PY" bench/bench_serving_binary.py || { echo "bench_serving_binary.py failed" >&2; status=1; }
+# Serving: a 20% canary under a steady stream; failed requests across rollout verbs.
+echo "=== bench_serving_rollout.py ==="
+"$PY" bench/bench_serving_rollout.py || { echo "bench_serving_rollout.py failed" >&2; status=1; }
 exit "$status"

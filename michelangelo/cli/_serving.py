@@ -1,4 +1,4 @@
-"""``michelangelo cluster up|status|down``, ``serve``, ``deployments list|delete``."""
+"""``michelangelo cluster up|status|down``, ``serve``, ``deployments list|status|canary|promote|rollback|delete``."""
 
 from __future__ import annotations
 
@@ -142,7 +142,70 @@ def deployments_list() -> None:
         return
     for d in found:
         spec = f"{d.spec.project_name}/{d.spec.model_name}:{d.spec.revision_id}"
-        click.echo(f"{d.name}\t{spec}\t{d.description.num_replicas} replica(s)\t{d.url}")
+        line = f"{d.name}\t{spec}\t{d.description.num_replicas} replica(s)\t{d.url}"
+        if d.rollout is not None:
+            line += f"\t{d.rollout.describe()}"
+        click.echo(line)
+
+
+@deployments.command("status")
+@click.argument("name")
+def deployments_status(name: str) -> None:
+    """The endpoint NAME: its revision, URL and canary rollout (or why it was rolled back)."""
+    from michelangelo.lib.serving import get_deployment
+
+    d = get_deployment(name)
+    click.echo(f"{d.name}: {d.spec.project_name}/{d.spec.model_name}:{d.spec.revision_id}, "
+               f"{d.description.num_replicas} replica(s) at {d.url}")
+    click.echo(f"  rollout: {d.rollout.describe() if d.rollout else 'none'}")
+
+
+@deployments.command("canary")
+@click.argument("name")
+@click.argument("spec")
+@click.option("--share", default=0.2, show_default=True, type=float,
+              help="share of requests the new revision answers (0 < share < 1)")
+@click.option("--max-error-rate", default=None, type=float,
+              help="roll back when more than this share of the canary's requests fail")
+@click.option("--max-p99-ms", default=None, type=float,
+              help="roll back when the canary's p99 latency is above this many milliseconds")
+@click.option("--window", default=50, show_default=True,
+              help="how many of the canary's latest requests the rollback judges")
+@click.option("--registry", default=None, help="registry root URL (default: $MA_MODEL_REGISTRY_URL)")
+def deployments_canary(name: str, spec: str, share: float, max_error_rate: float | None,
+                       max_p99_ms: float | None, window: int, registry: str | None) -> None:
+    """Run SPEC beside the endpoint NAME with --share of its requests."""
+    from michelangelo.lib.serving import AutoRollback, deploy
+
+    auto = None
+    if max_error_rate is not None or max_p99_ms is not None:
+        auto = AutoRollback(max_error_rate=max_error_rate, window=window,
+                            max_p99_latency_s=None if max_p99_ms is None else max_p99_ms / 1000)
+    d = deploy(spec, name=name, canary=share, auto_rollback=auto, registry=registry)
+    click.echo(f"{d.name}: {d.rollout.describe() if d.rollout else 'no canary'}")
+    click.echo(f"  promote with `michelangelo deployments promote {name}`, undo with "
+               f"`michelangelo deployments rollback {name}`")
+
+
+@deployments.command("promote")
+@click.argument("name")
+def deployments_promote(name: str) -> None:
+    """Make the canary of NAME the endpoint's revision."""
+    from michelangelo.lib.serving import promote
+
+    d = promote(name)
+    click.echo(f"promoted: {d.name} serves {d.spec.project_name}/{d.spec.model_name}:"
+               f"{d.spec.revision_id} at {d.url}")
+
+
+@deployments.command("rollback")
+@click.argument("name")
+def deployments_rollback(name: str) -> None:
+    """Send all of NAME's traffic back to its revision and remove the canary."""
+    from michelangelo.lib.serving import rollback
+
+    rollout = rollback(name)
+    click.echo(f"{name}: {rollout.describe()}")
 
 
 @deployments.command("delete")

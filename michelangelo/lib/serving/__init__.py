@@ -2,6 +2,8 @@
 
 ``deploy("project/model@champion")`` resolves the revision, starts replicas that load and
 verify it, and returns a :class:`Deployment` with the endpoint's URL.
+``deploy(spec, name=..., canary=0.2)`` runs a new revision beside the endpoint's with a share
+of its requests; :func:`promote` and :func:`rollback` end that rollout.
 """
 
 from michelangelo.lib.serving._deploy import (
@@ -10,6 +12,8 @@ from michelangelo.lib.serving._deploy import (
     deploy,
     get_deployment,
     list_deployments,
+    promote,
+    rollback,
 )
 from michelangelo.lib.serving._description import DeploymentDescription
 from michelangelo.lib.serving._errors import (
@@ -19,17 +23,22 @@ from michelangelo.lib.serving._errors import (
     ReadinessError,
     ServingError,
 )
+from michelangelo.lib.serving._rollout import AutoRollback, Rollout
 
 __all__ = [
+    "AutoRollback",
     "Deployment",
     "DeploymentDescription",
     "DeploymentError",
     "DeploymentNotFoundError",
     "HTTPError",
     "ReadinessError",
+    "Rollout",
     "ServingError",
     "delete_deployment",
     "deploy",
     "get_deployment",
     "list_deployments",
+    "promote",
+    "rollback",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -21,9 +22,15 @@ from starlette.responses import Response
 
 from michelangelo.lib.serving._binary import read_body, render
 from michelangelo.lib.serving._description import DeploymentDescription
-from michelangelo.lib.serving._errors import BadRequest, HTTPError, PayloadTooLarge, ReadinessError
+from michelangelo.lib.serving._errors import (
+    HTTPError,
+    ModelFailed,
+    PayloadTooLarge,
+    ReadinessError,
+)
 from michelangelo.lib.serving._gateway import ENDPOINT_DEPLOYMENT
 from michelangelo.lib.serving._model import ServedModel
+from michelangelo.lib.serving._rollout import CanaryRouter
 from michelangelo.lib.serving._routes import Routes
 
 logger = logging.getLogger("michelangelo.serving")
@@ -61,6 +68,8 @@ class ModelEndpoint:
         predict = self._predict_batched if d.max_batch_size is not None else self._predict_alone
         self.routes = Routes(d.name, self.served.info, self.served.signature, predict,
                              is_ready=lambda: self._ready)
+        # A canary beside this revision takes its share of requests through here.
+        self.canary = CanaryRouter(d.name, d.revision_id)
 
     async def __call__(self, request: Request) -> Response:
         path = request.url.path
@@ -76,28 +85,66 @@ class ModelEndpoint:
     async def answer(self, method: str, path: str, headers: Mapping[str, str],
                      body: bytes) -> tuple[int, dict[str, str], bytes]:
         """One request the root ``/v2`` gateway read and forwards: status, headers, body."""
+        return await self._respond(method, path, headers, self._reader(body))
+
+    async def answer_here(self, method: str, path: str, headers: Mapping[str, str],
+                          body: bytes) -> tuple[int, dict[str, str], bytes, bool]:
+        """A request a stable replica routed to this (canary) one: answered here, never
+        routed on, with whether it failed (5xx, or the model raised)."""
+        return await self._answer(method, path, headers, self._reader(body))
+
+    def _reader(self, body: bytes) -> Callable[[], Awaitable[bytes]]:
         async def read() -> bytes:
             if len(body) > self.description.max_request_bytes:
                 raise PayloadTooLarge.over(len(body), self.description.max_request_bytes)
             return body
 
-        return await self._respond(method, path, headers, read)
+        return read
 
     async def _respond(self, method: str, path: str, headers: Mapping[str, str],
                        read: Callable[[], Awaitable[bytes]]
                        ) -> tuple[int, dict[str, str], bytes]:
+        canary = await self.canary.target(method, path)
+        if canary is not None:
+            try:
+                body = await read()
+            except Exception as exc:  # answered as any request whose body cannot be read
+                error = exc
+
+                async def fail() -> bytes:
+                    raise error
+
+                return (await self._answer(method, path, headers, fail))[:3]
+            started = time.perf_counter()
+            try:
+                status, out_headers, content, failed = await canary.answer_here.remote(
+                    method, path, headers, body)
+            except Exception as exc:  # gone meanwhile (rolled back, promoted): answer here
+                logger.warning("the canary of %r could not be reached: %r",
+                               self.description.name, exc)
+                self.canary.report(True, time.perf_counter() - started)
+                read = self._reader(body)
+            else:
+                self.canary.report(failed, time.perf_counter() - started)
+                return status, out_headers, content
+        return (await self._answer(method, path, headers, read))[:3]
+
+    async def _answer(self, method: str, path: str, headers: Mapping[str, str],
+                      read: Callable[[], Awaitable[bytes]]
+                      ) -> tuple[int, dict[str, str], bytes, bool]:
         try:
             answer = await self.routes.handle(method, path, read, headers)
             content, out_headers = render(answer.body, answer.tail)
-            return answer.status, out_headers, content
+            return answer.status, out_headers, content, answer.status >= 500
         except HTTPError as exc:
             content, out_headers = render(exc.body())
-            return exc.status, out_headers, content
+            return exc.status, out_headers, content, (exc.status >= 500
+                                                      or isinstance(exc, ModelFailed))
         except Exception as exc:  # never a 500, never a dead replica: say what went wrong
             logger.exception("request on %s failed", path)
             content, out_headers = render({"error": f"the model could not process this input: "
                                                     f"{type(exc).__name__}: {exc}"})
-            return 400, out_headers, content
+            return 400, out_headers, content, True
 
     async def _predict_alone(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.served.forward(arrays)
@@ -141,7 +188,7 @@ def _as_error(exc: BaseException | None) -> HTTPError:
     if isinstance(exc, HTTPError):
         return exc
     logger.warning("the model raised on a request: %r", exc)
-    return BadRequest(f"the model could not process this input: {type(exc).__name__}: {exc}")
+    return ModelFailed(f"the model could not process this input: {type(exc).__name__}: {exc}")
 
 
 def _unwrap(result: Any) -> dict[str, np.ndarray]:

@@ -1,9 +1,13 @@
-"""``deploy``, ``get_deployment``, ``list_deployments``: endpoints as Serve applications."""
+"""``deploy``, ``promote``, ``rollback``, ``get_deployment``: endpoints as Serve applications."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import math
 import re
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -15,6 +19,16 @@ from michelangelo.lib.serving._errors import (
     DeploymentError,
     DeploymentNotFoundError,
     HTTPError,
+)
+from michelangelo.lib.serving._rollout import (
+    CANARY,
+    AutoRollback,
+    Rollout,
+    canary_app,
+    end_record,
+    find_record,
+    rollout_of,
+    start_record,
 )
 
 
@@ -28,6 +42,8 @@ class Deployment:
         description: The plain deployment description.
         base_url: The Serve HTTP proxy, e.g. ``http://127.0.0.1:8000``.
         url: This endpoint: ``POST`` rows to it; OIP paths live under ``{url}/v2``.
+        rollout: The canary rollout beside the served revision, or the last one rolled
+            back (with its reason); None when there is none.
     """
 
     name: str
@@ -35,6 +51,7 @@ class Deployment:
     description: DeploymentDescription
     base_url: str
     url: str
+    rollout: Rollout | None = None
 
     @property
     def infer_url(self) -> str:
@@ -102,12 +119,23 @@ def _default_name(project: str, model: str) -> str:
 def deploy(spec: Any, *, name: str | None = None, num_replicas: int = 1,
            host: str = "127.0.0.1", port: int = 8000, registry: Any = None,
            max_batch_size: int | None = 32, batch_wait_timeout_s: float = 0.005,
-           max_request_bytes: int = 8 * MIB, replica_cpus: float = 0.5) -> Deployment:
+           max_request_bytes: int = 8 * MIB, replica_cpus: float = 0.5,
+           canary: float | None = None, traffic: dict[int, float] | None = None,
+           auto_rollback: AutoRollback | None = None) -> Deployment:
     """Serve a registered revision over HTTP on the connected Ray cluster.
 
-    Deploying a ``name`` that already exists swaps its model in place: Serve starts the new
-    replicas, routes to them once they are ready, then drains the old ones, so requests keep
-    being answered throughout.
+    Deploying a ``name`` that already exists swaps its model in place: the new revision is
+    proven beside the live one first (a revision that fails readiness takes no traffic and
+    ``deploy`` raises), then Serve starts its replicas, routes to them once they are ready and
+    drains the old ones, so requests keep being answered throughout. A canary rollout of
+    that endpoint ends with the swap.
+
+    With ``canary=`` (or ``traffic=``) the endpoint keeps its revision and the new one runs
+    beside it, with the endpoint's settings, taking that share of the requests on the
+    endpoint's URL and at the server's root; answers name the revision that gave them
+    (``model_version``). :func:`promote` makes it the endpoint's revision, :func:`rollback`
+    removes it, and ``auto_rollback`` removes it when it fails too often or answers too slowly.
+    Deploying the same canary revision again only changes its share.
 
     In a ``remote-run --kuberay`` run the endpoint is made here, on the task's cluster, and,
     once the task succeeds, the client makes it a KubeRay ``RayService`` of the same name that
@@ -126,16 +154,28 @@ def deploy(spec: Any, *, name: str | None = None, num_replicas: int = 1,
         batch_wait_timeout_s: How long a batch waits for more rows.
         max_request_bytes: Larger bodies are refused with 413.
         replica_cpus: Logical CPUs reserved per replica.
+        canary: Share of requests, strictly between 0 and 1, for this revision beside the
+            one the endpoint ``name`` serves.
+        traffic: The same as ``{stable_revision: 1 - share, new_revision: share}``: both
+            revisions of the model with weights that sum to 1.
+        auto_rollback: With a canary: when to roll it back without being asked.
 
     Returns:
-        The live :class:`Deployment`.
+        The live :class:`Deployment` (with its :attr:`Deployment.rollout` for a canary).
 
     Raises:
         ValueError: An argument is invalid (raised before any cluster is touched).
-        DeploymentError: No cluster, or the replicas failed to become ready (with why).
+        DeploymentError: No cluster, the replicas failed to become ready (with why), or a
+            canary is not another revision of the endpoint's model.
+        DeploymentNotFoundError: ``canary=`` or ``traffic=`` names no live endpoint.
     """
+    share = _canary_share(canary, traffic, auto_rollback)
+    if isinstance(auto_rollback, dict):
+        auto_rollback = AutoRollback(**auto_rollback)
     reg = _registry(registry)
     revision = reg.get(spec)
+    if traffic is not None:
+        share = _traffic_share(traffic, revision.revision_id)
     root = str(reg.url)
     if root.startswith("memory://"):
         raise ValueError(
@@ -155,8 +195,12 @@ def deploy(spec: Any, *, name: str | None = None, num_replicas: int = 1,
         batch_wait_timeout_s=batch_wait_timeout_s, max_request_bytes=max_request_bytes,
         replica_cpus=replica_cpus, host=host, port=port)
     connect()
+    if share is not None:
+        return _start_canary(description, share, auto_rollback,
+                             traffic_revisions=set(traffic) if traffic is not None else None)
     ensure_serve(host, port)
     _run(description)
+    _end_rollout(description.name, f"replaced by a deploy of revision {revision.revision_id}")
     deployment = _deployment(description, revision.spec)
     from michelangelo.uniflow.core import record_artifact
 
@@ -167,13 +211,214 @@ def deploy(spec: Any, *, name: str | None = None, num_replicas: int = 1,
     return deployment
 
 
-def _run(description: DeploymentDescription) -> None:
+def _canary_share(canary: Any, traffic: Any, auto_rollback: Any) -> float | None:
+    """The canary's share from ``canary=`` (``traffic=`` is checked once the revision is known)."""
+    if canary is not None and traffic is not None:
+        raise ValueError("deploy() takes canary= or traffic=, not both. Fix: canary=0.2, or "
+                         "traffic={stable_revision: 0.8, new_revision: 0.2}.")
+    if auto_rollback is not None:
+        if canary is None and traffic is None:
+            raise ValueError("auto_rollback= applies to a canary: pass canary= (or traffic=) "
+                             "too. Fix: deploy(spec, name=..., canary=0.2, auto_rollback=...).")
+        if isinstance(auto_rollback, dict):
+            AutoRollback(**auto_rollback)
+        elif not isinstance(auto_rollback, AutoRollback):
+            raise ValueError(f"auto_rollback={auto_rollback!r} must be an AutoRollback. Fix: "
+                             "auto_rollback=AutoRollback(max_error_rate=0.05).")
+    if canary is None:
+        return None
+    if isinstance(canary, bool) or not isinstance(canary, int | float) or not (
+            0 < canary < 1) or math.isnan(canary):
+        raise ValueError(
+            f"canary={canary!r} must be a share strictly between 0 and 1 (the part of the "
+            "requests the new revision answers). Fix: e.g. canary=0.2; to move all traffic "
+            "use promote(name), or deploy without canary=.")
+    return float(canary)
+
+
+def _traffic_share(traffic: Any, new_revision: int) -> float:
+    """The new revision's weight in ``traffic={revision: weight}``, checked."""
+    if not isinstance(traffic, dict) or len(traffic) != 2 or not all(
+            isinstance(r, int) and not isinstance(r, bool) for r in traffic):
+        raise ValueError(
+            f"traffic={traffic!r} must map two revision numbers (the endpoint's and the new "
+            f"one) to weights. Fix: e.g. traffic={{1: 0.8, {new_revision}: 0.2}}.")
+    for revision, weight in traffic.items():
+        if isinstance(weight, bool) or not isinstance(weight, int | float) or not (
+                0 <= weight <= 1):
+            raise ValueError(f"traffic={traffic!r}: the weight of revision {revision} is "
+                             f"{weight!r}; weights are shares between 0 and 1.")
+    total = sum(traffic.values())
+    if abs(total - 1) > 1e-6:
+        raise ValueError(f"traffic={traffic!r}: the weights sum to {total:g}, not 1. Fix: "
+                         f"e.g. traffic={{1: 0.8, {new_revision}: 0.2}}.")
+    if new_revision not in traffic:
+        raise ValueError(f"traffic={traffic!r} gives no weight to the revision being deployed "
+                         f"({new_revision}). Fix: name it, e.g. "
+                         f"traffic={{1: 0.8, {new_revision}: 0.2}}.")
+    share = float(traffic[new_revision])
+    if not 0 < share < 1:
+        raise ValueError(f"traffic={traffic!r}: the new revision {new_revision}'s weight must be "
+                         "strictly between 0 and 1. Fix: to move all traffic use promote(name),"
+                         " or deploy without traffic=.")
+    return share
+
+
+def _start_canary(description: DeploymentDescription, share: float,
+                  auto_rollback: AutoRollback | None,
+                  traffic_revisions: set[int] | None = None) -> Deployment:
+    """Run ``description``'s revision beside the live endpoint with ``share`` of its requests."""
+    from ray import serve
+
+    from michelangelo.lib.serving._app import build_app
+
+    name = description.name
+    if name not in _app_names():
+        known = sorted(n for n, a in serve.status().applications.items() if _ours(n, a)) \
+            if serve_client() is not None else []
+        raise DeploymentNotFoundError(
+            f"no deployment {name!r} to run a canary beside (name={name!r}); deployments: "
+            f"{known or 'none'}. Fix: deploy(spec, name={name!r}) without canary= first, or "
+            "pass the name of a live endpoint.")
+    stable = get_deployment(name)
+    old = stable.description
+    new_name = f"{description.project_name}/{description.model_name}"
+    if (old.project_name, old.model_name) != (description.project_name, description.model_name):
+        raise DeploymentError(
+            f"a canary is another revision of the endpoint's model: {name!r} serves "
+            f"{old.project_name}/{old.model_name}, not {new_name}. Fix: deploy {new_name} under "
+            "its own name=.")
+    if old.revision_id == description.revision_id:
+        raise DeploymentError(
+            f"endpoint {name!r} already serves {new_name}:{old.revision_id}; a canary is another "
+            "revision. Fix: register the new revision and deploy that one with canary=.")
+    if traffic_revisions is not None and old.revision_id not in traffic_revisions:
+        other = sorted(traffic_revisions - {description.revision_id})
+        raise ValueError(f"traffic= weighs revisions {sorted(traffic_revisions)}, but endpoint "
+                         f"{name!r} serves revision {old.revision_id}, not {other[0]}. Fix: "
+                         f"traffic={{{old.revision_id}: ..., {description.revision_id}: ...}}.")
+    canary = dataclasses.replace(old, revision_id=description.revision_id,
+                                 weights_sha256=description.weights_sha256,
+                                 registry_url=description.registry_url)
+    app = canary_app(name)
+    record = find_record(name)
+    if record is not None:
+        import ray
+
+        current = rollout_of(ray.get(record.status.remote()))
+        if (current.state == CANARY and current.canary_revision == canary.revision_id
+                and app in _app_names()):
+            refused = ray.get(record.set_share.remote(
+                share, dataclasses.asdict(auto_rollback) if auto_rollback else None))
+            if refused is None:
+                return get_deployment(name)
+        _end_rollout(name, f"replaced by a canary of revision {canary.revision_id}")
+    try:
+        serve.run(build_app({"description": canary.to_dict()}), name=app,
+                  route_prefix=None)  # no route: it answers only what stable replicas send it
+    except Exception as exc:
+        reason = _replica_error(app) or _last_line(str(exc)) or type(exc).__name__
+        serve.delete(app)
+        raise DeploymentError(
+            f"the canary {new_name}:{canary.revision_id} of endpoint {name!r} failed readiness, "
+            f"so it took no traffic and the endpoint keeps serving revision "
+            f"{old.revision_id}: {reason}") from None
+    import ray
+
+    record = start_record(name, old.revision_id, canary.revision_id, share, auto_rollback)
+    ray.get(record.status.remote())  # replicas find it from now on
+    return get_deployment(name)
+
+
+def _end_rollout(name: str, reason: str) -> None:
+    """Take traffic off ``name``'s canary (if any), remove it and forget its record."""
+    import ray
+    from ray import serve
+
+    record = find_record(name)
+    if record is not None:
+        # A record that died meanwhile: still remove what it pointed at.
+        with contextlib.suppress(Exception):
+            ray.get(record.roll_back.remote(reason))
+        end_record(name)
+        deadline = time.monotonic() + 60
+        while find_record(name) is not None and time.monotonic() < deadline:
+            time.sleep(0.1)  # the name is free again only once the actor is gone
+    if canary_app(name) in _app_names():
+        serve.delete(canary_app(name))
+
+
+def _rollout_or_raise(name: str, verb: str) -> tuple[Deployment, Any, Rollout]:
+    connect()
+    deployment = get_deployment(name)  # raises with the list of known names
+    record = find_record(name)
+    if deployment.rollout is None or record is None:
+        raise DeploymentError(
+            f"endpoint {name!r} has no canary to {verb}; it serves revision "
+            f"{deployment.spec.revision_id} alone. Fix: deploy(spec, name={name!r}, canary=0.2) "
+            "first.")
+    if deployment.rollout.state != CANARY:
+        raise DeploymentError(
+            f"endpoint {name!r} has no canary to {verb}: revision "
+            f"{deployment.rollout.canary_revision} was rolled back ({deployment.rollout.reason})"
+            f". Fix: deploy(spec, name={name!r}, canary=0.2) to start another.")
+    return deployment, record, deployment.rollout
+
+
+def promote(name: str) -> Deployment:
+    """Make the canary of endpoint ``name`` its revision, with no request failed.
+
+    All new requests go to the canary at once (it is proven and live); then the endpoint's
+    replicas are swapped to its revision and the canary's own replicas are removed.
+
+    Raises:
+        DeploymentNotFoundError: No endpoint ``name``.
+        DeploymentError: It has no canary (never had, or it was rolled back: with why).
+    """
+    import ray
+    from ray import serve
+
+    _, record, rollout = _rollout_or_raise(name, "promote")
+    app = canary_app(name)
+    info = serve.get_app_handle(app).describe.remote().result(timeout_s=60)
+    promoted = DeploymentDescription.from_dict(info["description"])
+    refused = ray.get(record.set_share.remote(1.0, None))
+    if refused is not None:
+        raise DeploymentError(f"endpoint {name!r} has no canary to promote: revision "
+                              f"{rollout.canary_revision} was rolled back meanwhile ({refused}).")
+    try:
+        _run(promoted, prove=False)  # it has answered requests already
+    except Exception:
+        ray.get(record.set_share.remote(rollout.canary_share, None))
+        raise
+    _end_rollout(name, f"promoted to the endpoint's revision {promoted.revision_id}")
+    return get_deployment(name)
+
+
+def rollback(name: str, reason: str = "rolled back by hand (rollback())") -> Rollout:
+    """Send all of endpoint ``name``'s traffic back to its revision and remove the canary.
+
+    Returns once no request goes to the canary and its replicas are gone; the endpoint
+    remembers the rollback and ``reason`` (``Deployment.rollout``) until the next canary.
+
+    Raises:
+        DeploymentNotFoundError: No endpoint ``name``.
+        DeploymentError: It has no canary to roll back.
+    """
+    import ray
+
+    _, record, _ = _rollout_or_raise(name, "roll back")
+    ray.get(record.roll_back.remote(reason))
+    return rollout_of(ray.get(record.status.remote()))
+
+
+def _run(description: DeploymentDescription, prove: bool = True) -> None:
     from ray import serve
 
     from michelangelo.lib.serving._app import build_app
 
     existed = description.name in _app_names()
-    if existed:
+    if existed and prove:
         _prove(description)
     try:
         serve.run(build_app({"description": description.to_dict()}), name=description.name,
@@ -289,7 +534,19 @@ def get_deployment(name: str) -> Deployment:
     from michelangelo.lib.trainer.torch.pytorch_lightning import ModelSpec
 
     spec = ModelSpec(description.project_name, description.model_name, description.revision_id)
-    return _deployment(description, spec)
+    return dataclasses.replace(_deployment(description, spec), rollout=_rollout(name))
+
+
+def _rollout(name: str) -> Rollout | None:
+    import ray
+
+    record = find_record(name)
+    if record is None:
+        return None
+    try:
+        return rollout_of(ray.get(record.status.remote(), timeout=60))
+    except Exception:  # removed meanwhile
+        return None
 
 
 def list_deployments() -> list[Deployment]:
@@ -312,4 +569,5 @@ def delete_deployment(name: str) -> None:
     from ray import serve
 
     get_deployment(name)  # raises with the list of known names
+    _end_rollout(name, "the endpoint was deleted")
     serve.delete(name)

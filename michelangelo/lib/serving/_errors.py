@@ -50,6 +50,10 @@ class BadRequest(HTTPError):
     status = 400
 
 
+class ModelFailed(BadRequest):
+    """The model itself raised on the request's values (counted against a canary)."""
+
+
 class NotFound(HTTPError):
     """Unknown path, model name or revision."""
 

@@ -91,3 +91,25 @@ class NanSafe(nn.Module):
 
 def create_nan_safe() -> nn.Module:
     return NanSafe()
+
+
+class Brittle(RowLinear):
+    """A :class:`RowLinear` that raises on inputs far outside its registered example (whose
+    values are small): it passes readiness, then fails real requests with large values."""
+
+    def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
+        if x.abs().max() > 20:
+            raise RuntimeError("input outside the range this revision was trained on")
+        return super().forward(x)
+
+
+def create_brittle(features: int = 4) -> nn.Module:
+    return Brittle(features)
+
+
+def register_brittle(registry, model_name: str = "rows", seed: int = 2, features: int = 4):
+    torch.manual_seed(seed)
+    return registry.register("serving", model_name, model=create_brittle(features),
+                             create_model_fn=create_brittle,
+                             create_model_fn_kwargs={"features": features},
+                             input_example=torch.randn(2, features))

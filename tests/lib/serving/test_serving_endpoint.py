@@ -39,7 +39,9 @@ def env(tmp_path_factory):
     registry = ModelRegistry(str(root / "registry"))
     specs = {"rows1": serving_models.register_row_linear(registry, seed=0),
              "rows2": serving_models.register_row_linear(registry, seed=1),
-             "drifting": serving_models.register_drifting(registry)}
+             "drifting": serving_models.register_drifting(registry),
+             "rows3": serving_models.register_row_linear(registry, seed=3),
+             "brittle": serving_models.register_brittle(registry)}
     standing = _standing.up(RayTask(head_cpu=3, head_memory="3Gi"))
     port = free_port()
     try:
@@ -411,6 +413,139 @@ def test_redeploy_swaps_the_revision_with_zero_failed_requests(env):
     assert stream.failures == []
     assert swapped.spec.revision_id == 2 and 1 in stream.seen and stream.seen[-1] == 2
     assert serving.get_deployment("rows").spec.revision_id == 2
+
+
+def _answered_by(url, body):
+    """One request: (status, the revision that answered or the error)."""
+    status, answer = _request("POST", url, body)
+    if status != 200:
+        return status, answer.get("error")
+    return status, (answer["model"]["revision_id"] if "model" in answer
+                    else int(answer["model_version"]))
+
+
+def _canary_apps():
+    from ray import serve
+
+    return [n for n in serve.status().applications if n.startswith(("_canary", "_candidate"))]
+
+
+def _wait(done, timeout=60):
+    deadline = time.monotonic() + timeout
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return done()
+
+
+ROOT_ROW = {"inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32",
+                        "data": [1, 2, 3, 4]}]}
+
+
+def test_a_canary_takes_its_share_on_both_paths_then_rolls_back(env):
+    registry, rows = env["registry"], env["rows"]
+    stable = serving.get_deployment("rows").spec.revision_id
+    canary = env["specs"]["rows3"].revision_id
+    with pytest.raises(serving.DeploymentNotFoundError, match="no deployment 'nope'"):
+        serving.deploy(env["specs"]["rows3"], name="nope", registry=registry, canary=0.2)
+    with pytest.raises(serving.DeploymentError, match="serves serving/rows, not serving/drifting"):
+        serving.deploy(env["specs"]["drifting"], name="rows", registry=registry, canary=0.2)
+    with pytest.raises(ValueError, match=f"serves revision {stable}, not 1"):
+        serving.deploy(env["specs"]["rows3"], name="rows", registry=registry,
+                       traffic={1: 0.8, canary: 0.2})
+    with pytest.raises(serving.DeploymentError, match="no canary to promote"):
+        serving.promote("rows")
+
+    deployed = serving.deploy(env["specs"]["rows3"], name="rows", registry=registry, canary=0.2)
+    assert deployed.spec.revision_id == stable and deployed.url == rows.url
+    assert (deployed.rollout.stable_revision, deployed.rollout.canary_revision,
+            deployed.rollout.canary_share, deployed.rollout.state) == (
+                stable, canary, 0.2, "canary")
+    # Requests one after another, alternating the endpoint's prefix and the server's root:
+    # each replica routes exactly every fifth request it takes to the canary.
+    seen = {"prefix": [], "root": []}
+    for i in range(200):
+        path, url, body = (("prefix", rows.url, {"inputs": [[1, 2, 3, 4]]}) if i % 2 == 0
+                           else ("root", rows.root_infer_url, ROOT_ROW))
+        status, revision = _answered_by(url, body)
+        assert status == 200, revision
+        seen[path].append(revision)
+    answers = seen["prefix"] + seen["root"]
+    assert set(answers) == {stable, canary} and canary in seen["prefix"] and canary in seen["root"]
+    share = answers.count(canary) / len(answers)
+    assert abs(share - 0.2) <= 0.05, share
+    # A path naming a revision reaches that revision.
+    for revision in (stable, canary):
+        for _ in range(3):
+            assert _answered_by(f"{rows.url}/v2/models/rows/versions/{revision}/infer",
+                                ROOT_ROW) == (200, revision)
+    # Deploying the same canary again (here in the traffic form) only moves its share.
+    moved = serving.deploy(env["specs"]["rows3"], name="rows", registry=registry,
+                           traffic={stable: 0.5, canary: 0.5})
+    assert moved.rollout.canary_share == 0.5 and moved.rollout.canary_requests >= 40
+
+    rolled = serving.rollback("rows")
+    assert rolled.state == "rolled_back" and "by hand" in rolled.reason
+    assert _canary_apps() == []
+    assert {_answered_by(rows.url, {"inputs": [[1, 2, 3, 4]]})[1] for _ in range(20)} == {stable}
+    with pytest.raises(serving.DeploymentError, match=r"no canary to promote: revision \d+ was "
+                                                      r"rolled back \(rolled back by hand"):
+        serving.promote("rows")
+
+
+def test_a_failing_canary_is_rolled_back_automatically_with_the_reason(env):
+    from michelangelo.cli._main import cli
+
+    rows, brittle = env["rows"], env["specs"]["brittle"]
+    stable = serving.get_deployment("rows").spec.revision_id
+    serving.deploy(brittle, name="rows", registry=env["registry"], canary=0.5,
+                   auto_rollback=serving.AutoRollback(max_error_rate=0.2, window=10))
+    large = {"inputs": [[30, 30, 30, 30]]}  # the canary's model raises on these
+    failures, rollout = [], None
+    for i in range(400):
+        status, answer = _answered_by(rows.url, large)
+        if status != 200:
+            assert status == 400 and "outside the range" in answer, answer
+            failures.append(i)
+        if i % 10 == 9:
+            rollout = serving.get_deployment("rows").rollout
+            if rollout.state == "rolled_back":
+                break
+    assert rollout.state == "rolled_back", rollout
+    assert "automatic rollback: error rate" in rollout.reason
+    assert "above max_error_rate=0.2" in rollout.reason
+    assert rollout.canary_failures >= 3 and failures
+    assert _wait(lambda: _canary_apps() == [])
+    assert {_answered_by(rows.url, large) for _ in range(20)} == {(200, stable)}
+    shown = CliRunner().invoke(cli, ["deployments", "status", "rows"])
+    assert shown.exit_code == 0 and "rolled back" in shown.output, shown.output
+    assert "automatic rollback: error rate" in shown.output
+
+
+def test_zero_failed_requests_across_canary_rollback_failed_redeploy_and_promote(env):
+    from michelangelo.cli._main import cli
+
+    registry, new = env["registry"], env["specs"]["rows3"]
+    with _SteadyStream(env) as stream:
+        serving.deploy(new, name="rows", registry=registry, canary=0.3)
+        stream.wait_for(lambda: stream.seen.count(new.revision_id) >= 5)
+        rolled = CliRunner().invoke(cli, ["deployments", "rollback", "rows"])
+        assert rolled.exit_code == 0 and "rolled back" in rolled.output, rolled.output
+        serving.deploy(new, name="rows", registry=registry, canary=0.3)
+        with pytest.raises(serving.DeploymentError, match="failed readiness.*keeps serving"):
+            serving.deploy(env["specs"]["drifting"], name="rows", registry=registry,
+                           port=env["port"])
+        assert serving.get_deployment("rows").rollout.state == "canary"
+        promoted = CliRunner().invoke(cli, ["deployments", "promote", "rows"])
+        assert promoted.exit_code == 0, promoted.output
+        assert f"serves serving/rows:{new.revision_id}" in promoted.output
+        stream.wait_for(lambda: stream.seen[-20:].count(new.revision_id) == 20)
+    assert stream.failures == []
+    assert new.revision_id in stream.seen and stream.seen[-1] == new.revision_id
+    after = serving.get_deployment("rows")
+    assert after.spec.revision_id == new.revision_id and after.rollout is None
+    assert _canary_apps() == []
+    again = CliRunner().invoke(cli, ["deployments", "promote", "rows"])
+    assert again.exit_code == 1 and "no canary to promote" in again.output, again.output
 
 
 def test_cli_lists_and_deletes_deployments(env):
