@@ -29,6 +29,38 @@ def _took(start: float | None, end: float | None) -> str:
     return f"{end - start:.2f}s" if start and end else ""
 
 
+def _print_rows(headers: list[str], rows: list[list[str]], *, last_folds: bool = False) -> None:
+    """A table: Rich's in a terminal, plain aligned lines when piped (nothing cut or wrapped).
+
+    In a terminal, every column but the last keeps its values whole (ids, names, times);
+    the last one folds when ``last_folds``, else it is kept whole too.
+    """
+    if not console.is_terminal:
+        widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
+        for line in [headers, *rows]:
+            cells = [cell.ljust(width) for cell, width in zip(line, widths, strict=True)]
+            click.echo("  ".join(cells).rstrip())
+        return
+    table = Table(box=None, padding=(0, 2, 0, 0), header_style="bold")
+    needed = 0
+    for index, header in enumerate(headers):
+        fold = last_folds and index == len(headers) - 1
+        whole = max([len(header), *(len(row[index]) for row in rows)])
+        needed += (20 if fold else whole) + 2
+        table.add_column(header, no_wrap=not fold, overflow="fold",
+                         min_width=None if fold else whole)
+    for row in rows:
+        table.add_row(*row)
+    # Narrower than the rows: the terminal wraps the lines rather than Rich cutting values.
+    console.print(table, width=max(console.width, needed), crop=False)
+
+
+def _relative(path: str, base: str) -> str:
+    """``path`` relative to ``base`` when it lies under it (outputs live in the run's folder)."""
+    prefix = base.rstrip("/") + "/"
+    return path[len(prefix):] if path.startswith(prefix) else path
+
+
 @click.group("runs")
 def runs() -> None:
     """Inspect runs kept in storage ($UF_STORAGE_URL)."""
@@ -39,12 +71,10 @@ def runs() -> None:
 @click.option("--storage-url", default=None, help="overrides $UF_STORAGE_URL")
 def list_runs(limit: int, storage_url: str | None) -> None:
     """The most recent runs."""
-    table = Table("workflow", "state", "started", "took", "tasks")
-    table.add_column("run", no_wrap=True)
-    for run in _store(storage_url).list_runs()[:limit]:
-        table.add_row(run.workflow, run.state.value, _when(run.started),
-                      _took(run.started, run.ended), str(len(run.tasks)), run.run_id)
-    console.print(table)
+    rows = [[run.run_id, run.workflow, run.state.value, _when(run.started),
+             _took(run.started, run.ended), str(len(run.tasks))]
+            for run in _store(storage_url).list_runs()[:limit]]
+    _print_rows(["run", "workflow", "state", "started", "took", "tasks"], rows)
 
 
 @runs.command("show")
@@ -57,20 +87,25 @@ def show(run_id: str, storage_url: str | None) -> None:
     if run is None:
         raise RunNotFoundError(f"no run {run_id!r} under {store.storage.url}")
     console.print(f"[bold]run[/] {run.run_id}  workflow [bold]{run.workflow}[/]  "
-                  f"state {run.state.value}  took {_took(run.started, run.ended)}")
+                  f"state {run.state.value}  took {_took(run.started, run.ended)}",
+                  soft_wrap=True)
     if run.resumed_from:
         console.print(f"resumed from {run.resumed_from}")
     if run.arguments:
         console.print("arguments: " + ", ".join(f"{k}={v}" for k, v in run.arguments.items()))
-    table = Table("task", "state", "attempts", "took", "from run")
-    table.add_column("output", overflow="fold")
+    run_dir = store.run_dir(run_id)
+    rows = []
     for task in store.load_tasks(run_id):
         output = ""
         if task.output:
-            output = task.output["meta"].get("summary", "") + "  " + task.output["folder"]
-        table.add_row(task.call_id, task.state.value, str(task.attempts),
-                      _took(task.started, task.ended), task.source_run or "", output)
-    console.print(table)
+            summary = task.output["meta"].get("summary", "")
+            output = f"{summary}  {_relative(task.output['folder'], run_dir)}".strip()
+        rows.append([task.call_id, task.state.value, str(task.attempts),
+                     _took(task.started, task.ended), task.source_run or "", output])
+    _print_rows(["task", "state", "attempts", "took", "from run", "output"], rows,
+                last_folds=True)
+    if any(row[5] for row in rows):
+        click.echo(f"outputs are relative to {run_dir}")
     if run.error:
         console.print(f"[red]error[/]: {run.error['type']}: {run.error['message']}")
 

@@ -108,3 +108,68 @@ def test_python_file_local_run_and_remote_run(tmp_path):
     remote = subprocess.run([sys.executable, str(path), "remote-run"], capture_output=True,
                             text=True, env=env, timeout=120)
     assert remote.returncode != 0 and "remote-run" in remote.stderr
+
+
+LONG_NAMED = textwrap.dedent(
+    """
+    import michelangelo.uniflow.core as uniflow
+
+    @uniflow.task()
+    def make_table_of_numbers(n: int) -> list:
+        return list(range(n))
+
+    @uniflow.workflow()
+    def quickstart_sweep_of_three_settings(n: int = 3) -> list:
+        return make_table_of_numbers(n)
+    """
+)
+
+
+def _list_and_show(monkeypatch, tmp_path, *, terminal: bool) -> tuple[str, str, str]:
+    import io
+
+    from rich.console import Console
+
+    from michelangelo.cli import _runs
+
+    path = tmp_path / "long.py"
+    path.write_text(LONG_NAMED)
+    ran = CliRunner().invoke(cli, ["run", f"{path}:quickstart_sweep_of_three_settings"])
+    assert ran.exit_code == 0, ran.output
+    run_id = _run_id(ran.output)
+    screen = io.StringIO()
+    if terminal:  # an 80-column terminal
+        monkeypatch.setattr(_runs, "console", Console(file=screen, width=80,
+                                                      force_terminal=True, no_color=True))
+    listed = CliRunner().invoke(cli, ["runs", "list"])
+    shown = CliRunner().invoke(cli, ["runs", "show", run_id])
+    assert listed.exit_code == 0 and shown.exit_code == 0, listed.output + shown.output
+    if terminal:
+        text = screen.getvalue()
+        return run_id, text, text
+    return run_id, listed.output, shown.output
+
+
+def test_runs_list_and_show_piped_are_plain_aligned_lines(monkeypatch, tmp_path):
+    run_id, listed, shown = _list_and_show(monkeypatch, tmp_path, terminal=False)
+    header, row = listed.splitlines()[:2]
+    assert header.split() == ["run", "workflow", "state", "started", "took", "tasks"]
+    # Values whole, each under its header.
+    assert row.startswith(run_id)
+    assert row.index("quickstart_sweep_of_three_settings") == header.index("workflow")
+    started = row[header.index("started"):].split("  ")[0]
+    assert len(started) == len("2026-12-01 06:40:07"), row
+    assert "…" not in listed + shown
+    task_row = next(line for line in shown.splitlines() if line.startswith("001-"))
+    assert task_row.startswith("001-make_table_of_numbers  succeeded")
+    # Output paths are relative to the run's folder, which is named once.
+    assert "tasks/001-make_table_of_numbers" in task_row and "/runs/" not in task_row
+    assert f"outputs are relative to " in shown and shown.rstrip().endswith(run_id)
+
+
+def test_runs_list_and_show_keep_values_whole_at_80_columns(monkeypatch, tmp_path):
+    run_id, text, _ = _list_and_show(monkeypatch, tmp_path, terminal=True)
+    assert run_id in text and "quickstart_sweep_of_three_settings" in text
+    assert "001-make_table_of_numbers" in text and "…" not in text
+    started = [line for line in text.splitlines() if line.startswith(run_id)][0]
+    assert any(len(part) == len("2026-12-01 06:40:07") for part in started.split("  ")), started
