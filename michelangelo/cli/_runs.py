@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from michelangelo.cli._report import report
+from michelangelo.uniflow.core import Usage, phases_line, task_usage, usage_line
 from michelangelo.uniflow.core._records import RunStore
 from michelangelo.uniflow.core._storage import Storage
 from michelangelo.uniflow.core.errors import RunNotFoundError
@@ -106,8 +107,28 @@ def show(run_id: str, storage_url: str | None) -> None:
                 last_folds=True)
     if any(row[5] for row in rows):
         click.echo(f"outputs are relative to {run_dir}")
+    _print_time_and_resources(store.load_tasks(run_id))
     if run.error:
         console.print(f"[red]error[/]: {run.error['type']}: {run.error['message']}")
+
+
+def _print_time_and_resources(tasks: list) -> None:
+    """Each task's phases and resource-hours, then the run's total (when any were recorded)."""
+    lines = []
+    total = Usage()
+    for task in tasks:
+        phases, usage = phases_line(task), usage_line(task)
+        if not (phases or usage):
+            continue
+        total = total + task_usage(task)
+        lines.append(f"  {task.call_id}")
+        lines += [f"    {text}" for text in (phases, usage) if text]
+    if not lines:
+        return
+    click.echo("where the time went:")
+    for line in lines:
+        click.echo(line)
+    click.echo(f"run total: {total.describe()}")
 
 
 @runs.command("logs")

@@ -164,7 +164,7 @@ def test_runs_list_and_show_piped_are_plain_aligned_lines(monkeypatch, tmp_path)
     assert task_row.startswith("001-make_table_of_numbers  succeeded")
     # Output paths are relative to the run's folder, which is named once.
     assert "tasks/001-make_table_of_numbers" in task_row and "/runs/" not in task_row
-    assert f"outputs are relative to " in shown and shown.rstrip().endswith(run_id)
+    assert "outputs are relative to " in shown and shown.rstrip().endswith(run_id)
 
 
 def test_runs_list_and_show_keep_values_whole_at_80_columns(monkeypatch, tmp_path):

@@ -108,3 +108,25 @@ def test_bad_options_fail_before_any_cluster_starts():
     assert schedule(0) == pytest.approx(0.1) and schedule(9) == pytest.approx(1.0)
     assert schedule(99) == pytest.approx(0.1, abs=1e-3)
     assert all(schedule(i) >= schedule(i + 1) for i in range(10, 99))
+
+
+def test_the_run_record_says_where_the_time_went(tiny_run):
+    from michelangelo.uniflow.core import task_phases, task_usage
+    from michelangelo.uniflow.core._records import RunStore
+    from michelangelo.uniflow.core._storage import Storage
+
+    _, _, registry = tiny_run
+    store = RunStore(Storage(os.path.dirname(str(registry.url).rstrip("/"))))
+    run = store.list_runs()[0]
+    phases = {t.task_name: [name for name, _ in task_phases(t)]
+              for t in store.load_tasks(run.run_id)}
+    # The first RayTask starts the run's cluster, the next ones attach to it.
+    assert phases["pretrain"][0] == "cluster start", phases
+    assert phases["finetune"][0] == phases["serve"][0] == "cluster attach", phases
+    for training in ("pretrain", "finetune"):
+        assert phases[training][1:] == ["Ray Train start", "model and data", "fit",
+                                        "checkpoint and shutdown"], phases
+    assert phases["serve"][1:] == ["Serve start", "replicas ready"], phases
+    for task in store.load_tasks(run.run_id):
+        usage = task_usage(task)
+        assert usage.cpu_h > 0 and usage.memory_gib_h > 0 and usage.held_s > 0, task.call_id

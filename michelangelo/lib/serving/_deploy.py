@@ -198,11 +198,16 @@ def deploy(spec: Any, *, name: str | None = None, num_replicas: int = 1,
     if share is not None:
         return _start_canary(description, share, auto_rollback,
                              traffic_revisions=set(traffic) if traffic is not None else None)
+    from michelangelo.uniflow.core import record_artifact, record_phases
+
+    began = time.time()
     ensure_serve(host, port)
+    serve_up = time.time()
     _run(description)
     _end_rollout(description.name, f"replaced by a deploy of revision {revision.revision_id}")
     deployment = _deployment(description, revision.spec)
-    from michelangelo.uniflow.core import record_artifact
+    record_phases("Ray Serve", [("Serve start", serve_up - began),
+                                ("replicas ready", time.time() - serve_up)])
 
     # The description lets a KubeRay run make the same endpoint a RayService afterwards.
     record_artifact("deployment", name=description.name, spec=str(revision.spec),

@@ -29,6 +29,15 @@ from michelangelo.uniflow.core._records import RunState, TaskState
 from michelangelo.uniflow.core._run import record_artifact
 from michelangelo.uniflow.core._runtime import current_call
 from michelangelo.uniflow.core._task import Task, task
+from michelangelo.uniflow.core._usage import (
+    Usage,
+    phases_line,
+    record_phases,
+    record_resources,
+    task_phases,
+    task_usage,
+    usage_line,
+)
 from michelangelo.uniflow.core._workflow import Workflow, workflow
 from michelangelo.uniflow.core.errors import (
     RemoteTaskError,
@@ -49,6 +58,7 @@ __all__ = [
     "TaskState",
     "TaskTimeoutError",
     "UniflowError",
+    "Usage",
     "UserError",
     "ValueIO",
     "Workflow",
@@ -56,10 +66,16 @@ __all__ = [
     "console_stream",
     "create_context",
     "current_call",
+    "phases_line",
     "record_artifact",
+    "record_phases",
+    "record_resources",
     "register_io",
     "register_plugin",
     "register_run_option",
     "task",
+    "task_phases",
+    "task_usage",
+    "usage_line",
     "workflow",
 ]

@@ -16,6 +16,7 @@ import posixpath
 from collections import defaultdict
 from typing import Any
 
+from michelangelo.uniflow.core import Usage, task_phases, task_usage, usage_line
 from michelangelo.uniflow.core._records import RunRecord, RunStore, TaskRecord
 from michelangelo.uniflow.core._storage import Storage
 from michelangelo.uniflow.core.errors import RunNotFoundError
@@ -56,6 +57,7 @@ def build_report(run_id: str, storage: Storage | None = None) -> str:
     parts = [_header(run, tasks),
              _timeline_section(run, tasks),
              _tasks_section(tasks),
+             _time_and_resources_section(tasks),
              _training_section(store, run_id, tasks),
              _capacity_section(tasks),
              _registry_section(tasks),
@@ -133,6 +135,25 @@ def _tasks_section(tasks: list[TaskRecord]) -> str:
     return f"<h2>Tasks</h2><table id=\"tasks\">{head}{''.join(rows)}</table>"
 
 
+def _time_and_resources_section(tasks: list[TaskRecord]) -> str:
+    """Each task's phases (seconds) and the resource-hours it held; the run's total."""
+    rows = []
+    total = Usage()
+    for task in tasks:
+        phases, held = task_phases(task), usage_line(task)
+        if not (phases or held):
+            continue
+        total = total + task_usage(task)
+        steps = "".join(f"<li>{_e(name)}: {seconds:.1f} s</li>" for name, seconds in phases)
+        rows.append(f"<tr><td>{_e(task.call_id)}</td><td><ul>{steps}</ul></td>"
+                    f"<td>{_e(held)}</td></tr>")
+    if not rows:
+        return ""
+    head = "<tr><th>task</th><th>phases</th><th>resources held</th></tr>"
+    return (f"<h2>Where the time went</h2><table id=\"phases\">{head}{''.join(rows)}</table>"
+            f"<div class=\"muted\">run total: {_e(total.describe())}</div>")
+
+
 def _training_section(store: RunStore, run_id: str, tasks: list[TaskRecord]) -> str:
     blocks = []
     for task in tasks:
@@ -198,7 +219,7 @@ def _registry_section(tasks: list[TaskRecord]) -> str:
 
 
 def _other_artifacts_section(tasks: list[TaskRecord]) -> str:
-    known = ("metrics", "capacity", *_REGISTRY_KINDS, *_DEPLOY_KINDS)
+    known = ("metrics", "capacity", "phases", "resources", *_REGISTRY_KINDS, *_DEPLOY_KINDS)
     kinds = sorted({a.get("kind", "") for t in tasks for a in t.artifacts} - set(known))
     table = _generic_table(tasks, tuple(kinds)) if kinds else ""
     return f"<h2>Other records</h2>{table}" if table else ""

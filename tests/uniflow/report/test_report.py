@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -34,6 +35,10 @@ def fake_training(steps: int) -> dict:
     uniflow.record_artifact("registry_revision", model="demo-model", revision=3)
     uniflow.record_artifact("deployment", name="demo", url="http://127.0.0.1:8000/demo")
     uniflow.record_artifact("custom", anything="<goes>")
+    uniflow.record_phases("the fake cluster", [("cluster start", 12.25), ("fit", 30.0)])
+    # Held for two hours before the task ends: 2 h x 4 CPU, 2 h x 8 GiB.
+    uniflow.record_resources(cpu=4, memory_bytes=8 * 2**30, held_from=time.time() - 7200,
+                             where="RayTask(head: 4 CPU)")
     return {"steps": steps}
 
 
@@ -74,6 +79,25 @@ def test_report_sections_from_a_run(report):
     assert "<script" not in html
 
 
+def test_report_and_runs_show_say_where_the_time_went(report):
+    from click.testing import CliRunner
+
+    from michelangelo.cli._main import cli
+
+    run_id, html = report
+    section = html[html.index('id="phases"'):html.index('id="training"')]
+    assert "cluster start: 12.2 s" in section and "fit: 30.0 s" in section
+    # 4 CPU and 8 GiB held for two hours (and the few ms the task took after it said so).
+    assert re.search(r"held 4 CPU, 8.0 GiB \(RayTask\(head: 4 CPU\)\) for 720\d\.\ds: "
+                     r"8\.00\d\d CPU-h, 16\.0\d\d\d GiB-h memory", section), section
+    assert "run total: 8.00" in section
+    assert "002-broken" not in section  # nothing recorded there, no row
+    shown = CliRunner().invoke(cli, ["runs", "show", run_id]).output
+    where = shown[shown.index("where the time went:"):]
+    assert "001-fake_training" in where and "cluster start 12.2s · fit 30.0s" in where
+    assert "run total: 8.00" in where and "GiB-h memory" in where
+
+
 def test_report_of_an_unknown_run_is_a_clear_error():
     with pytest.raises(RunNotFoundError, match="no run 'nope'"):
         build_report("nope", Storage())
@@ -83,7 +107,7 @@ def test_records_keep_artifacts_across_reload(report):
     run_id, _ = report
     record = RunStore(Storage()).load_task(run_id, "001-fake_training")
     assert [a["kind"] for a in record.artifacts] == [
-        "metrics", "registry_revision", "deployment", "custom"]
+        "metrics", "registry_revision", "deployment", "custom", "phases", "resources"]
 
 
 def test_nice_ticks_and_chart_geometry():

@@ -108,7 +108,8 @@ class JobsCluster:
     def run_job(self, *, entrypoint: str, runtime_env: dict, submission_id: str,
                 deadline_s: float | None = None,
                 echo: Callable[[str], None] = print,
-                setup_gate: threading.Lock | None = None) -> tuple[str, str]:
+                setup_gate: threading.Lock | None = None,
+                on_started: Callable[[], None] = lambda: None) -> tuple[str, str]:
         """Submit, stream the job's output to ``echo`` while it runs, return its status.
 
         Ctrl-C, SIGTERM or the deadline stop the job before returning (or raising).
@@ -117,11 +118,13 @@ class JobsCluster:
         (Ray's runtime-env agent unpacks a package it has not finished caching again, with
         ``overwrite``, deleting the folder the first job already runs in).
 
+        ``on_started`` is called once, when the job leaves ``PENDING``.
+
         Returns:
             ``(status, message)`` of the ended job.
         """
         with _sigterm_as_interrupt():
-            gate = _HeldUntilStarted(setup_gate)
+            gate = _HeldUntilStarted(setup_gate, on_started)
             try:
                 job_id = self.client.submit_job(entrypoint=entrypoint, runtime_env=runtime_env,
                                                 submission_id=submission_id)
@@ -206,8 +209,10 @@ def compare_versions(client: dict[str, str], cluster: dict[str, str], address: s
 class _HeldUntilStarted:
     """A lock taken now and released once (when the job starts, or at the latest when it ends)."""
 
-    def __init__(self, lock: threading.Lock | None) -> None:
+    def __init__(self, lock: threading.Lock | None,
+                 on_release: Callable[[], None] = lambda: None) -> None:
         self._lock = lock
+        self._on_release: Callable[[], None] | None = on_release
         # In short waits: a branch thread stopped by the run (an async KeyboardInterrupt)
         # must not sit in one uninterruptible acquire.
         while lock is not None and not lock.acquire(timeout=0.2):
@@ -217,6 +222,9 @@ class _HeldUntilStarted:
         lock, self._lock = self._lock, None
         if lock is not None:
             lock.release()
+        hook, self._on_release = self._on_release, None
+        if hook is not None:
+            hook()
 
 
 @contextlib.contextmanager

@@ -8,8 +8,10 @@ import os
 import posixpath
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 
+from michelangelo.uniflow.core import record_phases, record_resources
 from michelangelo.uniflow.core._plugin import TaskPlugin, register_plugin
 from michelangelo.uniflow.core._remote import RemoteCall
 from michelangelo.uniflow.core._run import Run
@@ -53,7 +55,11 @@ class RayTaskPlugin(TaskPlugin):
             _remote_run.prepare(config, run)  # versions, capacity: before any job is sent
             yield
             return
+        asked = time.time()
+        started_before = run.resources.get(_KEY)
         cluster, ledger = self._acquire(config, run)
+        _record_holding(config, asked, "cluster attach" if cluster is started_before
+                        else "cluster start")
         try:
             with (
                 active_ray_task(config),
@@ -144,6 +150,17 @@ class RayTaskPlugin(TaskPlugin):
 
     def run_elsewhere(self, config: RayTask, run: Run, call: RemoteCall) -> None:
         _remote_run.submit(config, run, call)
+
+
+def _record_holding(config: RayTask, asked: float, phase: str) -> None:
+    """The task's first phase (starting or attaching to a cluster) and what it holds there.
+
+    What it holds is its RayTask's shape, not the whole cluster: branches share the cluster.
+    """
+    record_phases("Ray cluster", [(phase, time.time() - asked)])
+    total = ClusterShape.from_ray_task(config).total()
+    record_resources(cpu=total.get("CPU", 0.0), gpu=total.get("GPU", 0.0),
+                     memory_bytes=total.get("memory", 0.0), where=config.describe())
 
 
 def _holds(host: RayTask, other: RayTask) -> bool:

@@ -17,9 +17,11 @@ import shlex
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from typing import Any
 
+from michelangelo.uniflow.core import record_phases, record_resources
 from michelangelo.uniflow.core._context import RunOption, register_run_option
 from michelangelo.uniflow.core._remote import RemoteCall
 from michelangelo.uniflow.core._run import Run
@@ -266,9 +268,18 @@ def submit(config: RayTask, run: Run, call: RemoteCall) -> None:
     if call.timeout:
         deadline = call.timeout + float(os.environ.get(ENV_START_GRACE, "120"))
     run.info(f"task {call.call_id} attempt {call.attempt}: Ray job {submission_id}")
+    submitted = time.time()
+
+    def started() -> None:
+        record_phases("Ray job", [("job start", time.time() - submitted)])
+        total = ClusterShape.from_ray_task(config).total()
+        record_resources(cpu=total.get("CPU", 0.0), gpu=total.get("GPU", 0.0),
+                         memory_bytes=total.get("memory", 0.0), where=config.describe())
+
     status, message = state.cluster.run_job(
         entrypoint=entrypoint, runtime_env=runtime_env, submission_id=submission_id,
         deadline_s=deadline, echo=_echo, setup_gate=state.setup_gate(state.cluster),
+        on_started=started,
     )
     if state.kuberay is not None and status == "SUCCEEDED":
         _publish_deployments(state, config, run, call)

@@ -186,6 +186,14 @@ def test_quickstart_through_the_cli_with_ray_address(cluster, storage):
                                           "remote-1"))
     logs = "".join(_log(storage, run_id, call_id, 1) for call_id in tasks)
     assert "Running entrypoint for job" in logs  # the job's output reached the task's log
+    # Where the time went: the job's start (seen here), then the training's own phases,
+    # recorded inside the job and carried back with its result.
+    from michelangelo.uniflow.core import task_phases, task_usage
+
+    train = [name for name, _ in task_phases(tasks["002-train"])]
+    assert train == ["job start", "Ray Train start", "model and data", "fit",
+                     "checkpoint and shutdown"], train
+    assert task_usage(tasks["002-train"]).cpu_h > 0
     assert cluster.token not in done.stdout + done.stderr + logs
 
 

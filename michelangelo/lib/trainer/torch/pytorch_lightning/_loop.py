@@ -11,6 +11,7 @@ import contextlib
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -94,6 +95,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Ray Train entry point: one Lightning ``fit`` per worker."""
     import ray.train
 
+    from michelangelo.lib.trainer.torch.pytorch_lightning._progress import ProgressReport
+
+    loop_started = time.time()
     spec: WorkerSpec = config["spec"]
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
@@ -104,6 +108,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     train_iter, val_iter = _iterables(spec, world_size)
     trainer, profiler_dir = _build_trainer(spec, context)
     trainer.callbacks.extend(start_callbacks)
+    progress = [c for c in trainer.callbacks if isinstance(c, ProgressReport)]
+    for callback in progress:
+        callback.marks["loop_start"] = loop_started
     if rank == 0:
         logger.info("global batch size = %d (per-device %d x %d workers x %d accumulation)",
                     spec.global_batch_size, spec.batch_size, world_size,
@@ -116,6 +123,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             logger.info("Resuming from %s", ckpt_path)
         trainer.fit(model, train_dataloaders=train_iter, val_dataloaders=val_iter,
                     ckpt_path=ckpt_path)
+    for callback in progress:
+        callback.finish(trainer)
     _run_profiler_sink(spec, trainer, profiler_dir, context)
 
 

@@ -45,7 +45,8 @@ class ProgressReport(pl.Callback):
         every_s: Shortest time between two updates.
     """
 
-    def __init__(self, key: str, rows_per_batch: int, every_s: float = SEND_EVERY_S) -> None:
+    def __init__(self, key: str, rows_per_batch: int, every_s: float = SEND_EVERY_S,
+                 loop_started: float | None = None) -> None:
         self.key = key
         self.rows_per_batch = rows_per_batch
         self.every_s = every_s
@@ -53,8 +54,11 @@ class ProgressReport(pl.Callback):
         self._last = 0.0
         self._batches = 0
         self._first_step = 0
+        # Wall-clock moments the driver turns into phases (see watch_progress).
+        self.marks: dict[str, float] = {"loop_start": loop_started or time.time()}
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.marks.setdefault("fit_start", time.time())
         self._start = time.monotonic()
         self._first_step = trainer.global_step
         self._batches = 0
@@ -72,6 +76,7 @@ class ProgressReport(pl.Callback):
             self._send(trainer)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.marks["fit_end"] = time.time()
         if trainer.is_global_zero:
             self._send(trainer, done=True)
 
@@ -101,7 +106,14 @@ class ProgressReport(pl.Callback):
             "eta_s": eta,
             "metrics": metrics,
             "done": done,
+            "marks": dict(self.marks),
         }
+
+    def finish(self, trainer: pl.Trainer) -> None:
+        """After ``fit`` returned (checkpoints written, strategy torn down): the last update."""
+        self.marks["fit_returned"] = time.time()
+        if trainer.is_global_zero:
+            self._send(trainer, done=True)
 
     def _send(self, trainer: pl.Trainer, done: bool = False) -> None:
         self._last = time.monotonic()
@@ -116,39 +128,68 @@ class ProgressReport(pl.Callback):
 def watch_progress(label: str) -> Iterator[str | None]:
     """While the block runs, show the progress rank 0 publishes; yields the key to use.
 
-    Yields None (and shows nothing) outside a uniflow run: there is no console view to
-    draw on, so the workers need not publish anything.
+    In a uniflow task, rank 0 publishes under the key, the run's console shows it (when this
+    process has the run: not in a remote attempt), and the training's phases are recorded
+    with the task when the block ends. Outside a task it yields None: nothing to publish.
     """
+    from michelangelo.uniflow.core import current_call
     from michelangelo.uniflow.core._run import active_run
 
     run = active_run()
-    if run is None:
+    if run is None and current_call() is None:
         yield None
         return
     key = f"{label}-{uuid.uuid4().hex[:8]}"
     stop = threading.Event()
+    called = time.time()
+    last: dict[str, Any] = {}
 
     def poll() -> None:
         while not stop.wait(POLL_EVERY_S):
-            _show(run, label, key)
+            last.update(_show(run, label, key) or {})
 
-    thread = threading.Thread(target=poll, daemon=True, name="michelangelo-progress")
-    thread.start()
+    thread = None
+    if run is not None:
+        thread = threading.Thread(target=poll, daemon=True, name="michelangelo-progress")
+        thread.start()
     try:
         yield key
     finally:
         stop.set()
-        thread.join(timeout=5)
-        _show(run, label, key)
+        if thread is not None:
+            thread.join(timeout=5)
+        last.update(_show(run, label, key) or {})
+        _record_phases(called, last.get("marks") or {})
         with contextlib.suppress(Exception):
             _kv()._internal_kv_del(key, namespace=_NAMESPACE)
-        run.progress(label, None)
+        if run is not None:
+            run.progress(label, None)
 
 
-def _show(run: Any, label: str, key: str) -> None:
+def _show(run: Any, label: str, key: str) -> dict[str, Any] | None:
+    """The state rank 0 last published (shown on ``run``'s console when there is one)."""
     try:
         raw = _kv()._internal_kv_get(key, namespace=_NAMESPACE)
         if raw:
-            run.progress(label, json.loads(raw))
+            state = json.loads(raw)
+            if run is not None:
+                run.progress(label, {k: v for k, v in state.items() if k != "marks"})
+            return state
     except Exception:  # noqa: BLE001 - the console must never fail the training
         logger.debug("progress read failed", exc_info=True)
+    return None
+
+
+def _record_phases(called: float, marks: dict[str, float]) -> None:
+    """The training's phases, from the driver's fit() call and rank 0's moments."""
+    from michelangelo.uniflow.core import record_phases
+
+    ended = time.time()
+    steps = [("Ray Train start", called, marks.get("loop_start")),
+             ("model and data", marks.get("loop_start"), marks.get("fit_start")),
+             ("fit", marks.get("fit_start"), marks.get("fit_end")),
+             ("checkpoint and shutdown", marks.get("fit_end"), ended)]
+    phases = [(name, end - start) for name, start, end in steps
+              if start is not None and end is not None]
+    if phases:
+        record_phases("LightningTrainer", phases)
