@@ -10,9 +10,8 @@ from rich.console import Console
 from rich.table import Table
 
 from michelangelo.cli._report import report
-from michelangelo.uniflow.core._records import RunStore
-from michelangelo.uniflow.core._storage import Storage
 from michelangelo.uniflow.core.errors import RunNotFoundError
+from michelangelo.uniflow.core.plugin import RunStore, Storage
 
 console = Console()
 

@@ -16,9 +16,8 @@ import posixpath
 from collections import defaultdict
 from typing import Any
 
-from michelangelo.uniflow.core._records import RunRecord, RunStore, TaskRecord
-from michelangelo.uniflow.core._storage import Storage
 from michelangelo.uniflow.core.errors import RunNotFoundError
+from michelangelo.uniflow.core.plugin import RunRecord, RunStore, Storage, TaskRecord
 from michelangelo.uniflow.report._svg import line_chart, timeline
 
 LOG_TAIL_LINES = 40

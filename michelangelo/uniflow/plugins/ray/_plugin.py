@@ -10,10 +10,13 @@ import tempfile
 import threading
 from collections.abc import Iterator
 
-from michelangelo.uniflow.core._plugin import TaskPlugin, register_plugin
-from michelangelo.uniflow.core._remote import RemoteCall
-from michelangelo.uniflow.core._run import Run
-from michelangelo.uniflow.core._runtime import current_call
+from michelangelo.uniflow.core.plugin import (
+    RemoteCall,
+    Run,
+    TaskPlugin,
+    current_call,
+    register_plugin,
+)
 from michelangelo.uniflow.plugins.ray import _failure, _guard, _remote_run
 from michelangelo.uniflow.plugins.ray._capacity import (
     ClusterShape,

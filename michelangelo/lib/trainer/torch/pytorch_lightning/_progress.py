@@ -119,7 +119,7 @@ def watch_progress(label: str) -> Iterator[str | None]:
     Yields None (and shows nothing) outside a uniflow run: there is no console view to
     draw on, so the workers need not publish anything.
     """
-    from michelangelo.uniflow.core._run import active_run
+    from michelangelo.uniflow.core.plugin import active_run
 
     run = active_run()
     if run is None:
