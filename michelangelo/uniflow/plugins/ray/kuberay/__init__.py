@@ -1,5 +1,10 @@
-"""KubeRay: ``RayTask`` clusters as ``ray.io/v1`` custom resources on Kubernetes."""
+"""KubeRay: ``RayTask`` clusters as ``ray.io/v1`` custom resources on Kubernetes.
 
+The Ray plugin loads this package through its entry point group; importing it registers the
+``--kuberay`` run options and the KubeRay run provisioner.
+"""
+
+from michelangelo.uniflow.plugins.ray.kuberay import _dispatch  # noqa: F401  (registration)
 from michelangelo.uniflow.plugins.ray.kuberay._gc import collect_garbage, managed_clusters
 from michelangelo.uniflow.plugins.ray.kuberay._kube import KubeApi, KubeTarget
 from michelangelo.uniflow.plugins.ray.kuberay._manifest import (
