@@ -69,10 +69,9 @@ def main(argv: list[str] | None = None) -> dict:
     import ray
     import ray.data
 
-    from michelangelo.uniflow.core._storage import Storage
-    from michelangelo.uniflow.plugins.ray import _dataset_io
-    from michelangelo.uniflow.plugins.ray._dataset_io import DatasetIO
-    from michelangelo.workflow.variables import DatasetVariable
+    from michelangelo.uniflow.core.plugin import Storage
+    from michelangelo.workflow.variables import DatasetVariable, _dataset_io
+    from michelangelo.workflow.variables._dataset_io import DatasetIO
 
     ray_tmp = tempfile.mkdtemp(prefix="ufb-ray-", dir="/tmp")
     ray.init(address="local", num_cpus=2, include_dashboard=False,

@@ -126,7 +126,7 @@ def register(trained: dict) -> str:
 def deploy(spec: str, val_dv: DatasetVariable, port: int) -> dict:
     """Serve the revision over HTTP; check its answers against held-out rows."""
     from michelangelo.lib.serving import deploy as serve_revision
-    from michelangelo.uniflow.plugins.ray import _standing
+    from michelangelo.uniflow.plugins.ray import standing
 
     endpoint = serve_revision(spec, name="quickstart", port=port)
     frame = val_dv.load_pandas_dataframe().head(64)
@@ -138,7 +138,7 @@ def deploy(spec: str, val_dv: DatasetVariable, port: int) -> dict:
             "answer": endpoint.predict(row), "curl": endpoint.curl(row),
             "val_mse": float(((predicted - y) ** 2).mean()),
             "predict_mean_mse": float(((y - y.mean()) ** 2).mean()),
-            "outlives_run": _standing.find() is not None}
+            "outlives_run": standing.find() is not None}
 
 
 @uniflow.workflow()

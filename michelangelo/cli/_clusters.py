@@ -12,14 +12,13 @@ console = Console()
 
 
 def _api(kube_context: str | None):
-    from michelangelo.uniflow.plugins.ray.kuberay._kube import KubeApi, KubeTarget
+    from michelangelo.uniflow.plugins.ray.kuberay import KubeApi, KubeTarget
 
     return KubeApi(KubeTarget(context=kube_context))
 
 
 def _store(storage_url: str | None):
-    from michelangelo.uniflow.core._records import RunStore
-    from michelangelo.uniflow.core._storage import Storage
+    from michelangelo.uniflow.core.plugin import RunStore, Storage
 
     return RunStore(Storage(storage_url))
 
@@ -54,7 +53,7 @@ def clusters() -> None:
 def list_clusters(kube_context: str | None, namespace: str | None,
                   storage_url: str | None) -> None:
     """Show each cluster, its run and task, and whether `clusters gc` would remove it."""
-    from michelangelo.uniflow.plugins.ray.kuberay._gc import managed_clusters
+    from michelangelo.uniflow.plugins.ray.kuberay import managed_clusters
 
     found = managed_clusters(_api(kube_context), _store(storage_url), namespace=namespace)
     if not found:
@@ -73,7 +72,7 @@ def list_clusters(kube_context: str | None, namespace: str | None,
 def gc_clusters(kube_context: str | None, namespace: str | None, storage_url: str | None,
                 dry_run: bool) -> None:
     """Delete clusters whose run has ended, is gone from storage, or that expired."""
-    from michelangelo.uniflow.plugins.ray.kuberay._gc import collect_garbage
+    from michelangelo.uniflow.plugins.ray.kuberay import collect_garbage
 
     removed = collect_garbage(_api(kube_context), _store(storage_url), namespace=namespace,
                               dry_run=dry_run)

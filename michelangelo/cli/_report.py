@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from michelangelo.uniflow.core._storage import Storage
+from michelangelo.uniflow.core.plugin import Storage
 
 
 @click.command("report")

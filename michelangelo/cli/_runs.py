@@ -11,9 +11,8 @@ from rich.table import Table
 
 from michelangelo.cli._report import report
 from michelangelo.uniflow.core import Usage, phases_line, task_usage, usage_line
-from michelangelo.uniflow.core._records import RunStore
-from michelangelo.uniflow.core._storage import Storage
 from michelangelo.uniflow.core.errors import RunNotFoundError
+from michelangelo.uniflow.core.plugin import RunStore, Storage
 
 console = Console()
 

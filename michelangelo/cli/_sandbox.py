@@ -15,7 +15,7 @@ def sandbox() -> None:
 @sandbox.command()
 def doctor() -> None:
     """Check docker, kind, kubectl and helm (and say how to get what is missing)."""
-    from michelangelo.sandbox._doctor import doctor as run_doctor
+    from michelangelo.sandbox import doctor as run_doctor
 
     reports = run_doctor()
     for report in reports:
@@ -38,7 +38,7 @@ def doctor() -> None:
               help="how long to wait for each deployment and the bucket job")
 def create(project_dir: str | None, wait: str) -> None:
     """Create the sandbox, or complete it; running it again changes nothing."""
-    from michelangelo.sandbox._create import CreateOptions, create_sandbox
+    from michelangelo.sandbox import CreateOptions, create_sandbox
 
     settings = create_sandbox(CreateOptions(project_root=project_dir, wait=wait), click.echo)
     click.echo("sandbox ready:")
@@ -51,7 +51,7 @@ def create(project_dir: str | None, wait: str) -> None:
 @sandbox.command()
 def status() -> None:
     """Show each part of the sandbox; exits 1 when a part is missing or not ready."""
-    from michelangelo.sandbox._status import sandbox_status
+    from michelangelo.sandbox import sandbox_status
 
     parts = sandbox_status()
     for part in parts:
@@ -64,7 +64,7 @@ def status() -> None:
 @sandbox.command()
 def delete() -> None:
     """Delete the kind cluster and the settings file (the image stays in Docker)."""
-    from michelangelo.sandbox._delete import delete_sandbox
+    from michelangelo.sandbox import delete_sandbox
 
     if not delete_sandbox(click.echo):
         click.echo("nothing to delete")

@@ -20,7 +20,8 @@ def cluster() -> None:
 @click.option("--memory", default="4Gi", show_default=True, help="logical memory per node")
 def cluster_up(cpus: float, workers: int, memory: str) -> None:
     """Start the cluster and record where runs find it."""
-    from michelangelo.uniflow.plugins.ray import RayTask, _standing
+    from michelangelo.uniflow.plugins.ray import RayTask
+    from michelangelo.uniflow.plugins.ray import standing as _standing
 
     task = RayTask(head_cpu=cpus, head_memory=memory, worker_cpu=cpus, worker_memory=memory,
                    worker_instances=workers)
@@ -34,7 +35,7 @@ def cluster_up(cpus: float, workers: int, memory: str) -> None:
 @cluster.command("status")
 def cluster_status() -> None:
     """Whether the cluster is up, where, and what it serves."""
-    from michelangelo.uniflow.plugins.ray import _standing
+    from michelangelo.uniflow.plugins.ray import standing as _standing
 
     standing = _standing.read()
     if standing is None:
@@ -53,7 +54,7 @@ def cluster_status() -> None:
 @cluster.command("down")
 def cluster_down() -> None:
     """Stop the cluster's processes (only its own) and clear the record."""
-    from michelangelo.uniflow.plugins.ray import _standing
+    from michelangelo.uniflow.plugins.ray import standing as _standing
 
     stopped = _standing.down()
     if stopped is None:
@@ -75,8 +76,7 @@ def serve_cmd(spec: str, port: int, host: str, name: str | None, replicas: int,
     from michelangelo.lib.model_registry import ModelRegistry
     from michelangelo.lib.serving import deploy
     from michelangelo.uniflow.core import capture_output
-    from michelangelo.uniflow.plugins.ray import RayTask
-    from michelangelo.uniflow.plugins.ray._local import LocalRayCluster
+    from michelangelo.uniflow.plugins.ray import LocalRayCluster, RayTask
 
     reg = ModelRegistry(registry)
     revision = reg.get(spec)  # a bad spec fails here, before any process starts

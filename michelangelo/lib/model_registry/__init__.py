@@ -3,6 +3,7 @@
 Public names only; the implementation lives in the underscored modules next to this file.
 """
 
+from michelangelo.lib.checkpoints import ModelSpec
 from michelangelo.lib.model_registry._errors import (
     ModelRegistryError,
     RevisionNotFoundError,
@@ -20,6 +21,7 @@ __all__ = [
     "ENV_REGISTRY_URL",
     "ModelRegistry",
     "ModelRegistryError",
+    "ModelSpec",
     "Revision",
     "RevisionNotFoundError",
     "WeightsIntegrityError",

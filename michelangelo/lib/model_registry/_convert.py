@@ -1,7 +1,7 @@
 """Weights (and optionally optimizer state) from any checkpoint the trainer writes.
 
 The format is detected and read by the trainer's own loaders
-(``_checkpoint_formats``), so there is one reader per format in the code base. The
+(``michelangelo.lib.checkpoints``), so there is one reader per format in the code base. The
 optimizer state is kept only for single-file checkpoints (ddp), the format whose optimizer
 state belongs to the whole model rather than to one shard.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from michelangelo.lib.trainer.torch.pytorch_lightning._checkpoint_formats import (
+from michelangelo.lib.checkpoints import (
     CheckpointFormat,
     detect_format,
     load_state_dict,

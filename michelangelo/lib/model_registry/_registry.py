@@ -13,6 +13,10 @@ from typing import Any
 
 import torch
 
+from michelangelo.lib.checkpoints import (
+    ModelSpec,
+    align_state_dict_keys,
+)
 from michelangelo.lib.model_registry import _safetensors as st
 from michelangelo.lib.model_registry._convert import TrainingState, read_checkpoint
 from michelangelo.lib.model_registry._errors import (
@@ -38,10 +42,6 @@ from michelangelo.lib.model_registry._store import (
     WEIGHTS_FILE,
     ModelStore,
 )
-from michelangelo.lib.trainer.torch.pytorch_lightning._checkpoint_formats import (
-    align_state_dict_keys,
-)
-from michelangelo.lib.trainer.torch.pytorch_lightning.schema import ModelSpec
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ ENV_REGISTRY_URL = "MA_MODEL_REGISTRY_URL"
 def registry_url(root: str | None = None) -> str:
     """The registry root: ``root``, else ``$MA_MODEL_REGISTRY_URL``, else uniflow storage's
     ``model_registry`` folder (``$UF_STORAGE_URL`` or ``~/.michelangelo/uniflow``)."""
-    from michelangelo.uniflow.core._storage import storage_url
+    from michelangelo.uniflow.core.plugin import storage_url
 
     url = root or os.environ.get(ENV_REGISTRY_URL) or f"{storage_url()}/model_registry"
     if "://" not in url:

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from michelangelo.lib.trainer.torch.pytorch_lightning.schema import ModelSpec
+from michelangelo.lib.checkpoints import ModelSpec
 
 __all__ = ["Revision"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from michelangelo.lib.trainer.torch.pytorch_lightning.schema import ModelSpec
+from michelangelo.lib.checkpoints import ModelSpec
 
 __all__ = ["check_alias", "check_name", "parse_model_spec"]
 

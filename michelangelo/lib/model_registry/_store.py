@@ -29,7 +29,7 @@ import time
 import uuid
 from typing import IO, Any
 
-from michelangelo.uniflow.core._storage import Storage
+from michelangelo.uniflow.core.plugin import Storage
 
 __all__ = ["ModelStore", "REVISION_FILE", "WEIGHTS_FILE", "OPTIMIZER_FILE", "OPTIMIZER_JSON"]
 

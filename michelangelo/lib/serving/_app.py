@@ -52,7 +52,7 @@ class ModelEndpoint:
         torch.set_num_threads(1)
         self.description = DeploymentDescription.from_dict(description)
         d = self.description
-        from michelangelo.lib.trainer.torch.pytorch_lightning import ModelSpec
+        from michelangelo.lib.checkpoints import ModelSpec
 
         spec = ModelSpec(d.project_name, d.model_name, d.revision_id)
         self.served = ServedModel.load(d.registry_url, spec)

@@ -22,7 +22,7 @@ def connect() -> None:
         return
     address = os.environ.get("RAY_ADDRESS")
     if not address:
-        from michelangelo.uniflow.plugins.ray import _standing
+        from michelangelo.uniflow.plugins.ray import standing as _standing
 
         standing = _standing.find()
         if standing is not None:

@@ -536,7 +536,7 @@ def get_deployment(name: str) -> Deployment:
             f"no deployment {name!r} on this cluster; deployments: {known or 'none'}.")
     info = serve.get_app_handle(name).describe.remote().result(timeout_s=60)
     description = DeploymentDescription.from_dict(info["description"])
-    from michelangelo.lib.trainer.torch.pytorch_lightning import ModelSpec
+    from michelangelo.lib.checkpoints import ModelSpec
 
     spec = ModelSpec(description.project_name, description.model_name, description.revision_id)
     return dataclasses.replace(_deployment(description, spec), rollout=_rollout(name))

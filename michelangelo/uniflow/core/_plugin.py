@@ -72,6 +72,11 @@ def any_plugin_runs_elsewhere() -> bool:
 
 
 def find_plugin(config: Any) -> TaskPlugin:
+    """The plugin registered for ``config``'s type (or a base of it); the local one for None.
+
+    Raises:
+        UserError: No plugin handles that type of config.
+    """
     if config is None:
         return _LOCAL
     for klass in type(config).__mro__:

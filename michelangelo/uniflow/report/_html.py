@@ -17,9 +17,8 @@ from collections import defaultdict
 from typing import Any
 
 from michelangelo.uniflow.core import Usage, task_phases, task_usage, usage_line
-from michelangelo.uniflow.core._records import RunRecord, RunStore, TaskRecord
-from michelangelo.uniflow.core._storage import Storage
 from michelangelo.uniflow.core.errors import RunNotFoundError
+from michelangelo.uniflow.core.plugin import RunRecord, RunStore, Storage, TaskRecord
 from michelangelo.uniflow.report._svg import line_chart, timeline
 
 LOG_TAIL_LINES = 40

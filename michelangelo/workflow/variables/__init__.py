@@ -1,8 +1,7 @@
 """Workflow variables: handles to data that tasks pass to each other."""
 
+# Importing the IO registers how DatasetVariables and Ray Datasets are stored (as Parquet).
+from michelangelo.workflow.variables import _dataset_io  # noqa: F401  (registration)
 from michelangelo.workflow.variables._dataset_variable import DatasetVariable
-
-# Registers the IO that stores DatasetVariables and Ray Datasets as Parquet.
-from michelangelo.uniflow.plugins.ray import _dataset_io  # noqa: E402,F401  isort: skip
 
 __all__ = ["DatasetVariable"]

@@ -15,8 +15,8 @@ import registry_factories as rf
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from michelangelo.lib.checkpoints import CHECKPOINT_NAME
 from michelangelo.lib.model_registry import ModelRegistry
-from michelangelo.lib.trainer.torch.pytorch_lightning._checkpoint_formats import CHECKPOINT_NAME
 
 
 @pytest.fixture(scope="module")

@@ -9,8 +9,8 @@ import ray
 import michelangelo.uniflow.core as uniflow
 from michelangelo.uniflow.core._console import Reporter
 from michelangelo.uniflow.core._storage import Storage
-from michelangelo.uniflow.plugins.ray._dataset_io import DatasetIO
 from michelangelo.workflow.variables import DatasetVariable
+from michelangelo.workflow.variables._dataset_io import DatasetIO
 
 
 @pytest.fixture(scope="module")

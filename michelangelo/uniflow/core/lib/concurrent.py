@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
-from michelangelo.uniflow.core._concurrent import (
+from michelangelo.uniflow.core.lib._concurrent import (
     BatchFuture,
     BranchCall,
     CancelledError,

@@ -132,7 +132,7 @@ def check_fits(scaling_config: Any, shape: ClusterShape) -> None:
 def _record_decision(scaling_config: Any, shape: ClusterShape, workers: int,
                      request: Mapping[str, float], fit: int) -> None:
     """Keep the decision with the running task (``michelangelo runs report`` shows it)."""
-    from michelangelo.uniflow.core._run import record_artifact
+    from michelangelo.uniflow.core.plugin import record_artifact
 
     record_artifact(
         "capacity",

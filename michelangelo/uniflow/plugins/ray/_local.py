@@ -60,6 +60,26 @@ class LocalRayCluster(RayCluster):
         # removed whole, so there is nothing to drain to.
         self._env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
 
+    @property
+    def node_pids(self) -> list[int]:
+        """Process ids of the ``ray start`` processes started so far, head first."""
+        return [proc.pid for proc in self._procs]
+
+    @property
+    def temp_dir(self) -> str | None:
+        """The cluster's private Ray temp dir (``None`` before :meth:`start`)."""
+        return getattr(self, "_temp_dir", None)
+
+    @property
+    def auth_mode(self) -> str:
+        """The ``RAY_AUTH_MODE`` the nodes run with (the driver must use the same)."""
+        return self._env["RAY_AUTH_MODE"]
+
+    def wait_for_worker_starts(self, timeout_s: float) -> None:
+        """Wait until every worker's ``ray start`` has been launched (at most ``timeout_s``)."""
+        if self._joiner is not None:
+            self._joiner.join(timeout=timeout_s)
+
     def start(self) -> None:
         import ray
 

@@ -12,10 +12,13 @@ import time
 from collections.abc import Iterator
 
 from michelangelo.uniflow.core import record_phases, record_resources
-from michelangelo.uniflow.core._plugin import TaskPlugin, register_plugin
-from michelangelo.uniflow.core._remote import RemoteCall
-from michelangelo.uniflow.core._run import Run
-from michelangelo.uniflow.core._runtime import current_call
+from michelangelo.uniflow.core.plugin import (
+    RemoteCall,
+    Run,
+    TaskPlugin,
+    current_call,
+    register_plugin,
+)
 from michelangelo.uniflow.plugins.ray import _failure, _guard, _remote_run
 from michelangelo.uniflow.plugins.ray._capacity import (
     ClusterShape,

@@ -2,7 +2,12 @@
 
 ``RAY_ADDRESS`` set: borrow that cluster; likewise a standing one from ``michelangelo cluster
 up`` unless a provisioner is named. Otherwise ``UF_RAY_PROVISIONER`` names one
-(``local`` by default); the KubeRay provisioner joins the registry under ``kuberay``.
+(``local`` by default).
+
+remote-run has a second registry: a *run provisioner* makes the clusters of a whole run when
+its options ask for one (KubeRay registers itself there for ``--kuberay``). Extensions such as
+KubeRay are found through the ``michelangelo.uniflow.plugins.ray`` entry point group, so this
+plugin never imports them: they import it and join its registries.
 """
 
 from __future__ import annotations
@@ -10,8 +15,10 @@ from __future__ import annotations
 import os
 import posixpath
 from collections.abc import Callable
+from typing import Any, Protocol
 
 from michelangelo.uniflow.core.errors import UserError
+from michelangelo.uniflow.core.plugin import Run
 from michelangelo.uniflow.plugins.ray._cluster import RayCluster
 from michelangelo.uniflow.plugins.ray._config import RayTask
 
@@ -57,3 +64,52 @@ def _local(task: RayTask, log_dir: str) -> RayCluster:
 
 
 register_provisioner("local", _local)
+
+
+ENTRY_POINT_GROUP = "michelangelo.uniflow.plugins.ray"
+
+
+class RunClusters(Protocol):
+    """The clusters one remote run's RayTasks are sent to, made by a run provisioner."""
+
+    def address_for(self, config: RayTask, task_name: str) -> str:
+        """The Jobs API address of a ready cluster that can hold ``config``."""
+
+    def publish(self, deployments: list[dict[str, Any]], config: RayTask, call_id: str,
+                project: Any) -> None:
+        """Make the endpoints a task deployed on its cluster outlive the run."""
+
+
+RunProvisioner = Callable[[Run], "RunClusters | None"]
+_RUN_PROVISIONERS: dict[str, RunProvisioner] = {}
+
+
+def register_run_provisioner(name: str, factory: RunProvisioner) -> None:
+    """Let ``factory(run)`` make the clusters of remote runs whose options ask for them.
+
+    Args:
+        name: The provisioner's name (e.g. ``"kuberay"``); registering it again replaces it.
+        factory: Returns the run's :class:`RunClusters` when ``run.options`` select this
+            provisioner, else ``None``. It registers its own cleanup with ``run.add_cleanup``.
+    """
+    _RUN_PROVISIONERS[name] = factory
+
+
+def run_clusters_for(run: Run) -> RunClusters | None:
+    """The clusters the first run provisioner that ``run``'s options select makes, if any."""
+    for factory in _RUN_PROVISIONERS.values():
+        clusters = factory(run)
+        if clusters is not None:
+            return clusters
+    return None
+
+
+def load_extensions() -> None:
+    """Import the extensions installed under the ``michelangelo.uniflow.plugins.ray`` group.
+
+    Each one registers its provisioners and run options when imported.
+    """
+    from importlib.metadata import entry_points
+
+    for entry in entry_points(group=ENTRY_POINT_GROUP):
+        entry.load()

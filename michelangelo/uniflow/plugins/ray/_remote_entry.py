@@ -17,8 +17,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from michelangelo.uniflow.core._remote import RemoteCall, execute_remote_call
-from michelangelo.uniflow.core._storage import Storage
+from michelangelo.uniflow.core.plugin import RemoteCall, Storage, execute_remote_call
 
 
 def _register_by_value(module: Any, from_file: bool) -> None:

@@ -22,14 +22,18 @@ import uuid
 from typing import Any
 
 from michelangelo.uniflow.core import record_phases, record_resources
-from michelangelo.uniflow.core._context import RunOption, register_run_option
-from michelangelo.uniflow.core._remote import RemoteCall
-from michelangelo.uniflow.core._run import Run
-from michelangelo.uniflow.core._runtime import current_call
 from michelangelo.uniflow.core.errors import UserError
+from michelangelo.uniflow.core.plugin import (
+    RemoteCall,
+    Run,
+    RunOption,
+    current_call,
+    register_run_option,
+)
 from michelangelo.uniflow.plugins.ray._capacity import ClusterShape
 from michelangelo.uniflow.plugins.ray._config import RayTask
 from michelangelo.uniflow.plugins.ray._jobs import JobFailedError, JobsCluster
+from michelangelo.uniflow.plugins.ray._provisioners import run_clusters_for
 from michelangelo.uniflow.plugins.ray._sdk_probe import (
     client_package_dir,
     client_version,
@@ -91,11 +95,9 @@ class _RemoteState:
     """What one run keeps for its remote jobs: the cluster client and the packed project."""
 
     def __init__(self, run: Run) -> None:
-        from michelangelo.uniflow.plugins.ray.kuberay import _dispatch
-
         address = address_of(run.options)
-        self.kuberay = _dispatch.RunClusters(run) if _dispatch.enabled(run.options) else None
-        if not address and self.kuberay is None:  # Context checks this; a Run made by hand may not
+        self.provisioned = run_clusters_for(run)  # e.g. --kuberay: a cluster per RayTask
+        if not address and self.provisioned is None:  # Context checks this; a Run made by hand may not
             raise UserError("remote-run needs --ray-address http://HOST:8265.")
         if run.storage.url.startswith("memory://"):
             raise UserError(
@@ -195,7 +197,7 @@ def plan_concurrency(configs: list[RayTask], run: Run) -> tuple[int, str]:
     alone in its own capacity check.
     """
     state = _state(run)
-    if state.kuberay is not None:
+    if state.provisioned is not None:
         return 1, ("--kuberay: RayTask branches take turns (one RayCluster per concurrent "
                    "branch is not built yet)")
     assert state.cluster is not None
@@ -217,9 +219,9 @@ def prepare(config: RayTask, run: Run) -> None:
     """Before an attempt: versions (once per cluster) and the shape against the live nodes."""
     try:
         state = _state(run)
-        if state.kuberay is not None:
+        if state.provisioned is not None:
             call = current_call()
-            state.use(state.kuberay.address_for(config, call.task_name if call else "task"))
+            state.use(state.provisioned.address_for(config, call.task_name if call else "task"))
         assert state.cluster is not None
         state.cluster.check_capacity(config)
     except Exception as exc:
@@ -281,7 +283,7 @@ def submit(config: RayTask, run: Run, call: RemoteCall) -> None:
         deadline_s=deadline, echo=_echo, setup_gate=state.setup_gate(state.cluster),
         on_started=started,
     )
-    if state.kuberay is not None and status == "SUCCEEDED":
+    if state.provisioned is not None and status == "SUCCEEDED":
         _publish_deployments(state, config, run, call)
     if status != "SUCCEEDED" and not run.storage.exists(call.result_path):
         raise JobFailedError(
@@ -293,16 +295,16 @@ def submit(config: RayTask, run: Run, call: RemoteCall) -> None:
 
 def _publish_deployments(state: _RemoteState, config: RayTask, run: Run,
                          call: RemoteCall) -> None:
-    """On KubeRay, what the attempt deployed on its task's cluster becomes a RayService."""
-    from michelangelo.uniflow.core._remote import read_remote_artifacts
+    """With a run provisioner (KubeRay), what the attempt deployed outlives the run."""
+    from michelangelo.uniflow.core.plugin import read_remote_artifacts
 
-    assert state.kuberay is not None
+    assert state.provisioned is not None
     deployments = [a for a in read_remote_artifacts(run.storage, call)
                    if a.get("kind") == "deployment" and isinstance(a.get("_description"), dict)]
     if not deployments:
         return
     try:
-        state.kuberay.publish(deployments, config, call.call_id, state.packed)
+        state.provisioned.publish(deployments, config, call.call_id, state.packed)
     except Exception as exc:
         # The task's own work is done; redoing it cannot fix the rollout.
         exc.uniflow_retryable = False  # type: ignore[attr-defined]

@@ -8,8 +8,7 @@ from typing import Any
 
 from ray.train import CheckpointConfig, FailureConfig, RunConfig
 
-from michelangelo.uniflow.core._runtime import current_call
-from michelangelo.uniflow.core._storage import Storage
+from michelangelo.uniflow.core.plugin import Storage, current_call
 
 
 def create_run_config(

@@ -121,7 +121,7 @@ def up(task: RayTask, log_dir: str | None = None, node_wait_s: float = 180.0) ->
     cluster.start()
     try:
         cluster.wait_for_nodes(node_wait_s)
-        cluster._joiner.join(timeout=60)  # type: ignore[union-attr]
+        cluster.wait_for_worker_starts(60)
     except BaseException:
         cluster.shutdown()
         raise
@@ -129,11 +129,11 @@ def up(task: RayTask, log_dir: str | None = None, node_wait_s: float = 180.0) ->
     standing = StandingCluster(
         address=cluster.address,
         dashboard_url=cluster.dashboard_url,
-        node_pids=[p.pid for p in cluster._procs],
-        temp_dir=cluster._temp_dir,
+        node_pids=cluster.node_pids,
+        temp_dir=cluster.temp_dir,
         log_dir=log_dir,
         task={f.name: getattr(task, f.name) for f in dataclasses.fields(task) if f.init},
-        auth_mode=cluster._env["RAY_AUTH_MODE"],
+        auth_mode=cluster.auth_mode,
         started_at=time.time(),
     )
     path = state_file()

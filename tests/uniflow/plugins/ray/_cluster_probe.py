@@ -13,7 +13,7 @@ def cluster_sessions() -> list[int]:
 
     cluster = _guard._CLUSTER.get()
     cluster.wait_for_nodes(300)  # worker nodes join in the background
-    return [proc.pid for proc in cluster._procs]
+    return cluster.node_pids
 
 
 def survivors(sessions: list[int]) -> list[str]:

@@ -32,8 +32,8 @@ if TYPE_CHECKING:
         TransferLearningSpec,
     )
 
-# Loaded on first use: the registry and serving import ``schema`` and the checkpoint readers
-# without paying for Lightning and Ray Train.
+# Loaded on first use: ``ModelSpec`` and the ``schema`` specs come without paying for
+# Lightning and Ray Train. (``ModelSpec`` itself lives in ``michelangelo.lib.checkpoints``.)
 _LAZY = {
     "ExperimentStore": "_experiment_store",
     "FsspecExperimentStore": "_experiment_store",

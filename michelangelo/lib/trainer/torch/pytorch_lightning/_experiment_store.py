@@ -24,7 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from michelangelo.uniflow.core._storage import storage_url
+from michelangelo.uniflow.core.plugin import storage_url
 
 logger = logging.getLogger(__name__)
 

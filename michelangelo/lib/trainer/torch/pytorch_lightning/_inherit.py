@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from michelangelo.lib.trainer.torch.pytorch_lightning._checkpoint_formats import (
+from michelangelo.lib.checkpoints import (
     align_state_dict_keys,
 )
 from michelangelo.lib.trainer.torch.pytorch_lightning._model_stages import (

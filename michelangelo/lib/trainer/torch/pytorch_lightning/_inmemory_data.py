@@ -153,7 +153,7 @@ def host_memory_per_worker(scaling_config: Any) -> tuple[int, str]:
     per_worker = (scaling_config.resources_per_worker or {}).get("memory")
     if per_worker:
         return int(per_worker), "ScalingConfig.resources_per_worker['memory']"
-    from michelangelo.uniflow.plugins.ray._capacity import current_ray_task
+    from michelangelo.uniflow.plugins.ray import current_ray_task
 
     task = current_ray_task()
     if task is not None and task.parsed("worker_memory") is not None:

@@ -172,7 +172,7 @@ def worker_budget(scaling_config: Any) -> tuple[int, str] | None:
     per_worker = (scaling_config.resources_per_worker or {}).get("memory")
     if per_worker:
         return int(per_worker), "ScalingConfig.resources_per_worker['memory']"
-    from michelangelo.uniflow.plugins.ray._capacity import current_ray_task
+    from michelangelo.uniflow.plugins.ray import current_ray_task
 
     task = current_ray_task()
     if task is None or task.parsed("worker_memory") is None:

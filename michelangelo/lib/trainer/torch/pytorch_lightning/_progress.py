@@ -133,7 +133,7 @@ def watch_progress(label: str) -> Iterator[str | None]:
     with the task when the block ends. Outside a task it yields None: nothing to publish.
     """
     from michelangelo.uniflow.core import current_call
-    from michelangelo.uniflow.core._run import active_run
+    from michelangelo.uniflow.core.plugin import active_run
 
     run = active_run()
     if run is None and current_call() is None:

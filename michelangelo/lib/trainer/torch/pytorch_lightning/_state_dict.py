@@ -1,6 +1,6 @@
 """``LightningTrainerWithStateDict``: train, then pour the trained weights into a plain model.
 
-Which loader runs depends on the strategy the run used (see ``_checkpoint_formats``): a single
+Which loader runs depends on the strategy the run used (see ``michelangelo.lib.checkpoints``): a single
 file for ddp, a DCP folder for fsdp2, a ZeRO folder converted to fp32 for deepspeed, and a file
 or DCP folder for fsdp. The format found on disk is checked against the strategy, so loading a
 checkpoint with the wrong strategy fails with a message instead of producing garbage.
@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from michelangelo.lib.trainer.torch.pytorch_lightning._checkpoint_formats import (
+from michelangelo.lib.checkpoints import (
     align_state_dict_keys,
     load_state_dict,
 )

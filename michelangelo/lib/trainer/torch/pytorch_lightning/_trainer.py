@@ -225,7 +225,7 @@ class LightningTrainer(TorchTrainer):
                                              self._resolved.strategy, scaling_config)
 
     def _check_capacity(self) -> None:
-        from michelangelo.uniflow.plugins.ray._capacity import check_fits, current_shape
+        from michelangelo.uniflow.plugins.ray import check_fits, current_shape
 
         shape = current_shape(live_fallback=True)
         if shape is None:

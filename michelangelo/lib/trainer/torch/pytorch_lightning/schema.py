@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+# ModelSpec names a registry model; it lives with the checkpoint readers in
+# ``michelangelo.lib.checkpoints``, which the trainer and the registry both use.
+from michelangelo.lib.checkpoints import ModelSpec
+
 __all__ = [
     "IncrementalTrainingSpec",
     "LearningMode",
@@ -30,35 +34,6 @@ class LearningMode(str, Enum):
     """Start from a baseline model's layers, usually a different task."""
     INCREMENTAL_TRAINING = "INCREMENTAL_TRAINING"
     """Continue training the same model on new data."""
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """How a model is identified in the Model Registry.
-
-    Args:
-        project_name: Registry project that owns the model.
-        model_name: Model name inside the project.
-        revision_id: A specific revision; None means the latest one.
-    """
-
-    project_name: str
-    model_name: str
-    revision_id: int | str | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("project_name", "model_name"):
-            value = getattr(self, name)
-            if not isinstance(value, str) or not value.strip():
-                raise ValueError(
-                    f"ModelSpec.{name} must be a non-empty string, got {value!r}. "
-                    f"Fix: pass the registry's {name.replace('_', ' ')}."
-                )
-        if self.revision_id is not None and not isinstance(self.revision_id, int | str):
-            raise ValueError(
-                f"ModelSpec.revision_id must be an int, a str or None, got "
-                f"{self.revision_id!r}. Fix: pass the revision number or leave it unset."
-            )
 
 
 @dataclass(frozen=True)

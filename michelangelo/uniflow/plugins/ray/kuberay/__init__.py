@@ -1,5 +1,12 @@
-"""KubeRay: ``RayTask`` clusters as ``ray.io/v1`` custom resources on Kubernetes."""
+"""KubeRay: ``RayTask`` clusters as ``ray.io/v1`` custom resources on Kubernetes.
 
+The Ray plugin loads this package through its entry point group; importing it registers the
+``--kuberay`` run options and the KubeRay run provisioner.
+"""
+
+from michelangelo.uniflow.plugins.ray.kuberay import _dispatch  # noqa: F401  (registration)
+from michelangelo.uniflow.plugins.ray.kuberay._gc import collect_garbage, managed_clusters
+from michelangelo.uniflow.plugins.ray.kuberay._kube import KubeApi, KubeTarget
 from michelangelo.uniflow.plugins.ray.kuberay._manifest import (
     container_resources,
     default_image,
@@ -11,9 +18,13 @@ from michelangelo.uniflow.plugins.ray.kuberay._service import (
 )
 
 __all__ = [
+    "KubeApi",
+    "KubeTarget",
     "apply_ray_service",
+    "collect_garbage",
     "container_resources",
     "default_image",
+    "managed_clusters",
     "ray_cluster_manifest",
     "ray_service_manifest",
 ]

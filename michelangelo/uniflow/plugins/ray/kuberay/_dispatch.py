@@ -9,15 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from michelangelo.uniflow.core._context import RunOption, register_run_option
-from michelangelo.uniflow.core._run import Run
 from michelangelo.uniflow.core.errors import UserError
-from michelangelo.uniflow.plugins.ray._config import RayTask
+from michelangelo.uniflow.core.plugin import Run, RunOption, register_run_option
 from michelangelo.uniflow.plugins.ray.kuberay._kube import KubeTarget
 from michelangelo.uniflow.plugins.ray.kuberay._provisioner import (
     KubeRayCluster,
     KubeRaySettings,
 )
+from michelangelo.uniflow.plugins.ray.provisioning import RayTask, register_run_provisioner
 
 OPTION = "kuberay"
 _FLAG_OPTIONS = {
@@ -151,3 +150,10 @@ class RunClusters:
             cluster.shutdown()
             self.run.info(f"RayCluster {self.settings.namespace}/{cluster.name} deleted")
 
+
+
+def _run_clusters(run: Run) -> RunClusters | None:
+    return RunClusters(run) if enabled(run.options) else None
+
+
+register_run_provisioner(OPTION, _run_clusters)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
-from michelangelo.uniflow.plugins.ray._quantity import format_bytes, parse_quantity
+from michelangelo.uniflow.plugins.ray.provisioning import format_bytes, parse_quantity
 
 _CHECKED = ("cpu", "memory", "nvidia.com/gpu", "ephemeral-storage")
 _BYTES = ("memory", "ephemeral-storage")

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from michelangelo.uniflow.core._records import RunState, RunStore
+from michelangelo.uniflow.core.plugin import RunState, RunStore
 from michelangelo.uniflow.plugins.ray.kuberay._kube import KubeApi
 from michelangelo.uniflow.plugins.ray.kuberay._manifest import (
     EXPIRES_ANNOTATION,

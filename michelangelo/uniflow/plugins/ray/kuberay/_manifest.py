@@ -15,8 +15,7 @@ import time
 from decimal import Decimal
 from typing import Any
 
-from michelangelo.uniflow.plugins.ray._config import RayTask
-from michelangelo.uniflow.plugins.ray._node_resources import NodeResources, node_resources
+from michelangelo.uniflow.plugins.ray.provisioning import NodeResources, RayTask, node_resources
 
 LABEL_PREFIX = "uniflow.michelangelo.ai"
 RUN_LABEL = f"{LABEL_PREFIX}/run-id"

@@ -24,8 +24,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from michelangelo.uniflow.core.errors import ClusterError, UserError
-from michelangelo.uniflow.plugins.ray._cluster import ClusterState, RayCluster
-from michelangelo.uniflow.plugins.ray._config import RayTask
 from michelangelo.uniflow.plugins.ray.kuberay._fit import check_fit
 from michelangelo.uniflow.plugins.ray.kuberay._kube import KubeApi, KubeError, KubeTarget
 from michelangelo.uniflow.plugins.ray.kuberay._manifest import (
@@ -36,6 +34,7 @@ from michelangelo.uniflow.plugins.ray.kuberay._manifest import (
 )
 from michelangelo.uniflow.plugins.ray.kuberay._portforward import PortForward
 from michelangelo.uniflow.plugins.ray.kuberay._status import head_ready, pods_ready, refused_pods
+from michelangelo.uniflow.plugins.ray.provisioning import ClusterState, RayCluster, RayTask
 
 DEADLINE_ENV = "UF_KUBERAY_PROVISION_TIMEOUT_S"
 _DEFAULT_DEADLINE_S = 600.0

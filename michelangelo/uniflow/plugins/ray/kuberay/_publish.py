@@ -11,8 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from michelangelo.uniflow.core._run import Run
-from michelangelo.uniflow.plugins.ray._config import RayTask
+from michelangelo.uniflow.core.plugin import Run
 from michelangelo.uniflow.plugins.ray.kuberay._fit import ClusterFitError, check_fit
 from michelangelo.uniflow.plugins.ray.kuberay._kube import KubeApi
 from michelangelo.uniflow.plugins.ray.kuberay._manifest import HEAD_PORTS, LABEL_PREFIX
@@ -25,6 +24,7 @@ from michelangelo.uniflow.plugins.ray.kuberay._service import (
     service_url,
     wait_for_service,
 )
+from michelangelo.uniflow.plugins.ray.provisioning import RayTask
 
 
 def publish(clusters: Any, deployments: list[dict[str, Any]], config: RayTask,
@@ -38,7 +38,7 @@ def publish(clusters: Any, deployments: list[dict[str, Any]], config: RayTask,
         call_id: The task call the services are recorded under.
         project: The run's packed project (its zip becomes the applications' working_dir).
     """
-    from michelangelo.lib.serving._description import DeploymentDescription
+    from michelangelo.lib.serving import DeploymentDescription
 
     latest = {d["_description"]["name"]: d["_description"] for d in deployments}
     if not latest:

@@ -16,7 +16,6 @@ from typing import Any
 import yaml
 
 from michelangelo.uniflow.core.errors import ClusterError
-from michelangelo.uniflow.plugins.ray._config import RayTask
 from michelangelo.uniflow.plugins.ray.kuberay._kube import KubeApi
 from michelangelo.uniflow.plugins.ray.kuberay._manifest import (
     HEAD_PORTS,
@@ -30,6 +29,7 @@ from michelangelo.uniflow.plugins.ray.kuberay._provisioner import (
     fatal_reason,
     pending_reasons,
 )
+from michelangelo.uniflow.plugins.ray.provisioning import RayTask
 
 SERVING = "uniflow-serving"  # MANAGED_LABEL value of RayServices (run clusters: "uniflow")
 _POLL_S = 1.0

@@ -1,4 +1,4 @@
-"""Tests for ``_checkpoint_formats``: detection, loaders, remote sources and key alignment.
+"""Tests for ``michelangelo.lib.checkpoints``: detection, loaders, remote sources and key alignment.
 
 Checkpoints are real: a single-process Lightning fit for the single-file format, and two Ray
 Train workers (gloo, CPU) for FSDP2 DCP and DeepSpeed ZeRO-3. Each distributed run also
@@ -27,8 +27,8 @@ from _models import (
 from ray.train import Checkpoint, RunConfig, ScalingConfig
 from torch.utils.data import DataLoader
 
-from michelangelo.lib.trainer.torch.pytorch_lightning import _checkpoint_formats as cf
-from michelangelo.lib.trainer.torch.pytorch_lightning._checkpoint_formats import CheckpointFormat
+from michelangelo.lib.checkpoints import CheckpointFormat
+from michelangelo.lib.checkpoints import _formats as cf
 from michelangelo.lib.trainer.torch.pytorch_lightning._fsdp2 import RayModelParallelStrategy
 
 ship_by_value(__name__)

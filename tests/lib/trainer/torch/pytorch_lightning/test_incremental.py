@@ -23,6 +23,7 @@ from _models import (
 from ray.train import RunConfig, ScalingConfig
 from torch.utils.data import DataLoader
 
+from michelangelo.lib.checkpoints import CHECKPOINT_NAME
 from michelangelo.lib.model_registry import ModelRegistry
 from michelangelo.lib.trainer.torch.pytorch_lightning import (
     IncrementalTrainingSpec,
@@ -32,7 +33,6 @@ from michelangelo.lib.trainer.torch.pytorch_lightning import (
     ModelSpec,
     TransferLearningMetadata,
 )
-from michelangelo.lib.trainer.torch.pytorch_lightning._checkpoint_formats import CHECKPOINT_NAME
 from michelangelo.lib.trainer.torch.pytorch_lightning._incremental import (
     IncrementalPlan,
     incremental_callback,

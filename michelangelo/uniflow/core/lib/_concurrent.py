@@ -20,17 +20,18 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from michelangelo.uniflow.core._plugin import find_plugin
-from michelangelo.uniflow.core._records import TaskRecord, TaskState
-from michelangelo.uniflow.core._run import (
+from michelangelo.uniflow.core import Task
+from michelangelo.uniflow.core.plugin import (
     Run,
+    TaskRecord,
+    TaskState,
     active_run,
     call_scope,
+    find_plugin,
+    interrupt_thread,
     prefixed,
     resolve_futures,
 )
-from michelangelo.uniflow.core._task import Task
-from michelangelo.uniflow.core._timeout import interrupt_thread
 
 T = TypeVar("T")
 

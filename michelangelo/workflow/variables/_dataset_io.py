@@ -6,8 +6,8 @@ import hashlib
 import posixpath
 from typing import Any
 
-from michelangelo.uniflow.core._io import ValueIO, register_io
-from michelangelo.uniflow.core._storage import Storage
+from michelangelo.uniflow.core.plugin import Storage, ValueIO, register_io
+from michelangelo.workflow.variables._dataset_variable import DatasetVariable, _kind
 
 _CHUNK = 8 * 2**20
 
@@ -18,13 +18,9 @@ class DatasetIO(ValueIO):
     name = "dataset"
 
     def accepts(self, value: Any) -> bool:
-        from michelangelo.workflow.variables._dataset_variable import DatasetVariable, _kind
-
         return isinstance(value, DatasetVariable) or _kind(value) == "ray"
 
     def write(self, value: Any, storage: Storage, folder: str) -> dict:
-        from michelangelo.workflow.variables._dataset_variable import DatasetVariable, _kind
-
         if isinstance(value, DatasetVariable) and value.is_stored and value.value is None:
             # Already stored (e.g. passed through unchanged): record a reference, copy nothing.
             return {"path": value.path, "schema": value.schema, "num_rows": value.num_rows,
@@ -48,8 +44,6 @@ class DatasetIO(ValueIO):
                 "summary": _summary(rows)}
 
     def read(self, storage: Storage, folder: str, meta: dict) -> Any:
-        from michelangelo.workflow.variables._dataset_variable import DatasetVariable
-
         path = meta["path"] if meta.get("reference") else storage.url_of(
             posixpath.join(folder, meta["data"]))
         return DatasetVariable(path=path, schema=meta["schema"], num_rows=meta["num_rows"],
@@ -59,8 +53,6 @@ class DatasetIO(ValueIO):
         return self.read(storage, folder, meta)
 
     def fingerprint(self, value: Any) -> str | None:
-        from michelangelo.workflow.variables._dataset_variable import DatasetVariable
-
         if isinstance(value, DatasetVariable):
             return value.fingerprint
         return None  # an unstored Ray Dataset has no cheap content hash

@@ -1,0 +1,43 @@
+"""What a cluster provisioner builds on: the cluster interface, node shapes and the registries.
+
+The public face for extensions of the Ray plugin that make clusters (KubeRay is one). A
+provisioner subclasses :class:`RayCluster` and joins a registry: :func:`register_provisioner`
+for clusters made per RayTask (chosen with ``UF_RAY_PROVISIONER``), or
+:func:`register_run_provisioner` for remote runs whose options ask for it (``--kuberay``).
+The plugin finds extensions through the ``michelangelo.uniflow.plugins.ray`` entry point
+group (:data:`ENTRY_POINT_GROUP`), so it never imports them.
+
+Typical use::
+
+    from michelangelo.uniflow.plugins.ray.provisioning import RayCluster, register_provisioner
+
+    class MyCluster(RayCluster):
+        ...
+
+    register_provisioner("mine", lambda task, log_dir: MyCluster(task, log_dir))
+"""
+
+from michelangelo.uniflow.plugins.ray._cluster import ClusterState, RayCluster
+from michelangelo.uniflow.plugins.ray._config import RayTask
+from michelangelo.uniflow.plugins.ray._node_resources import NodeResources, node_resources
+from michelangelo.uniflow.plugins.ray._provisioners import (
+    ENTRY_POINT_GROUP,
+    RunClusters,
+    register_provisioner,
+    register_run_provisioner,
+)
+from michelangelo.uniflow.plugins.ray._quantity import format_bytes, parse_quantity
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "ClusterState",
+    "NodeResources",
+    "RayCluster",
+    "RayTask",
+    "RunClusters",
+    "format_bytes",
+    "node_resources",
+    "parse_quantity",
+    "register_provisioner",
+    "register_run_provisioner",
+]

@@ -1,0 +1,257 @@
+"""The package rules, read from the source with ``ast`` (nothing is imported, so it is fast).
+
+A *package* is every directory under ``michelangelo/`` that has an ``__init__.py``; a parent
+and its subpackages are different packages (``plugins.ray`` and ``plugins.ray.kuberay``,
+``uniflow.core`` and ``uniflow.core.lib``). Two rules:
+
+1. A module may import underscored modules and names only from its own package. Everything
+   another package needs is a public name of that package (``uniflow.core.plugin``,
+   ``plugins.ray.provisioning``, ``plugins.ray.standing``, ...).
+2. The imports between packages form no cycle.
+
+Examples (``examples/``) import only public names, like any user.
+
+Every import statement counts, wherever it is: module level, inside functions, under
+``TYPE_CHECKING``. Imports by string (``importlib.import_module``, entry points) are not
+statements and are not seen; the Ray plugin loads KubeRay through an entry point on purpose,
+so that KubeRay depends on the plugin and not the other way round.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Import:
+    """One imported module (and the name taken from it, for ``from m import name``)."""
+
+    source: pathlib.Path
+    line: int
+    module: str
+    name: str | None
+
+
+class Tree:
+    """The packages and imports of the ``michelangelo`` source below ``root``."""
+
+    def __init__(self, root: pathlib.Path) -> None:
+        self.root = root
+        self.packages = {
+            ".".join(init.parent.relative_to(root).parts)
+            for init in (root / "michelangelo").rglob("__init__.py")
+        }
+
+    def module_name(self, path: pathlib.Path) -> str:
+        parts = list(path.relative_to(self.root).with_suffix("").parts)
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    def package_of(self, module: str) -> str | None:
+        """The innermost package that holds ``module`` (a module or a package name)."""
+        parts = module.split(".")
+        for end in range(len(parts), 0, -1):
+            candidate = ".".join(parts[:end])
+            if candidate in self.packages:
+                return candidate
+        return None
+
+    def is_module(self, dotted: str) -> bool:
+        path = self.root.joinpath(*dotted.split("."))
+        return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+    def imports(self) -> Iterator[Import]:
+        for path in sorted((self.root / "michelangelo").rglob("*.py")):
+            me = self.module_name(path)
+            here = me.split(".") if path.name == "__init__.py" else me.split(".")[:-1]
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.Import):
+                    for alias in node.names:
+                        yield Import(path, node.lineno, alias.name, None)
+                elif isinstance(node, ast.ImportFrom):
+                    if node.level:
+                        base = here[: len(here) - (node.level - 1)]
+                        module = ".".join(base + ([node.module] if node.module else []))
+                    else:
+                        module = node.module or ""
+                    for alias in node.names:
+                        submodule = f"{module}.{alias.name}"
+                        if self.is_module(submodule):  # `from pkg import module`
+                            yield Import(path, node.lineno, submodule, None)
+                        else:
+                            yield Import(path, node.lineno, module, alias.name)
+
+    def own_imports(self) -> Iterator[tuple[str, str, Import]]:
+        """(importing package, imported package, import) for imports of other packages."""
+        for imp in self.imports():
+            if not imp.module.startswith("michelangelo"):
+                continue
+            mine = self.package_of(self.module_name(imp.source))
+            theirs = self.package_of(imp.module)
+            if theirs is not None and mine is not None and mine != theirs:
+                yield mine, theirs, imp
+
+    def private_imports(self) -> list[str]:
+        """Imports of another package's underscored module or name, as readable lines."""
+        found = []
+        for _mine, theirs, imp in self.own_imports():
+            inside = imp.module[len(theirs):].split(".")
+            names = [*inside, imp.name or ""]
+            if any(p.startswith("_") and not p.startswith("__") for p in names if p):
+                what = imp.module + (f" import {imp.name}" if imp.name else "")
+                found.append(f"{imp.source.relative_to(self.root)}:{imp.line}: {what}")
+        return found
+
+    def graph(self) -> dict[str, set[str]]:
+        edges: dict[str, set[str]] = {package: set() for package in self.packages}
+        for mine, theirs, _imp in self.own_imports():
+            edges[mine].add(theirs)
+        return edges
+
+    def cycles(self) -> list[list[str]]:
+        """The strongly connected groups of packages (Tarjan): each one holds a cycle."""
+        edges = self.graph()
+        index: dict[str, int] = {}
+        low: dict[str, int] = {}
+        stack: list[str] = []
+        on_stack: set[str] = set()
+        groups: list[list[str]] = []
+
+        def visit(package: str) -> None:
+            index[package] = low[package] = len(index)
+            stack.append(package)
+            on_stack.add(package)
+            for other in sorted(edges[package]):
+                if other not in index:
+                    visit(other)
+                    low[package] = min(low[package], low[other])
+                elif other in on_stack:
+                    low[package] = min(low[package], index[other])
+            if low[package] == index[package]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == package:
+                        break
+                if len(group) > 1:
+                    groups.append(sorted(group))
+
+        for package in sorted(edges):
+            if package not in index:
+                visit(package)
+        return sorted(groups)
+
+
+def test_no_package_imports_another_packages_private_modules_or_names():
+    found = Tree(ROOT).private_imports()
+    assert not found, (
+        "These imports reach into another package's underscored module or name. Import a "
+        "public name instead (add it to that package's __init__ or a public module such as "
+        "michelangelo.uniflow.core.plugin):\n" + "\n".join(found))
+
+
+def _private_in_examples(root: pathlib.Path) -> list[str]:
+    found = []
+    for path in sorted((root / "examples").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                targets = [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for target in targets:
+                parts = target.split(".")
+                if parts[0] == "michelangelo" and any(
+                        p.startswith("_") and not p.startswith("__") for p in parts):
+                    found.append(f"{path.relative_to(root)}:{node.lineno}: {target}")
+    return found
+
+
+def test_examples_import_only_public_names():
+    found = _private_in_examples(ROOT)
+    assert not found, "Examples must use public names only:\n" + "\n".join(found)
+
+
+def test_no_import_cycle_between_packages():
+    cycles = Tree(ROOT).cycles()
+    assert not cycles, (
+        "These packages import each other (directly or through others). Move the shared "
+        "code to a package both use, or let the lower one offer a registry the higher one "
+        "joins:\n" + "\n".join(" <-> ".join(group) for group in cycles))
+
+
+def test_the_readme_names_every_package_in_its_architecture_section():
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Architecture", 1)[1].split("\n## ", 1)[0]
+    missing = sorted(p for p in Tree(ROOT).packages
+                     if p != "michelangelo" and p.removeprefix("michelangelo.") not in section)
+    assert not missing, f"README's Architecture section does not name {missing}"
+
+
+# The checks themselves, on a small tree that breaks both rules in the ways they must catch.
+
+def _write(root: pathlib.Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+
+
+def test_the_checks_catch_private_imports_and_cycles_in_a_bad_tree(tmp_path):
+    _write(tmp_path, {
+        "michelangelo/__init__.py": "",
+        "michelangelo/a/__init__.py": "from michelangelo.b._impl import thing\n",
+        "michelangelo/a/_x.py": "value = 1\n",
+        "michelangelo/a/sub/__init__.py": "from michelangelo.a import _x\n",  # child -> parent
+        "michelangelo/b/__init__.py": "from michelangelo.b._impl import thing\n",  # own: fine
+        "michelangelo/b/_impl.py": """\
+            thing = 1
+
+            def later():
+                from michelangelo.a import visible  # inside a function, still an edge
+            """,
+        "michelangelo/b/rel.py": "from ..a._x import value\n",
+        "michelangelo/c/__init__.py": "from michelangelo.a import public_name\n",
+    })
+    tree = Tree(tmp_path)
+
+    found = tree.private_imports()
+
+    assert found == [
+        "michelangelo/a/__init__.py:1: michelangelo.b._impl import thing",
+        "michelangelo/a/sub/__init__.py:1: michelangelo.a._x",
+        "michelangelo/b/rel.py:1: michelangelo.a._x import value",
+    ]
+    assert tree.cycles() == [["michelangelo.a", "michelangelo.b"]]
+    _write(tmp_path, {"examples/demo.py": """\
+        from michelangelo.a import public_name
+        from michelangelo.b import _impl
+        import michelangelo.a._x
+        """})
+    assert _private_in_examples(tmp_path) == [
+        "examples/demo.py:2: michelangelo.b._impl",
+        "examples/demo.py:3: michelangelo.a._x",
+    ]
+
+
+def test_the_checks_pass_a_tree_that_keeps_the_rules(tmp_path):
+    _write(tmp_path, {
+        "michelangelo/__init__.py": "",
+        "michelangelo/a/__init__.py": "from michelangelo.a._x import value\n",
+        "michelangelo/a/_x.py": "import os\nvalue = 1\n",
+        "michelangelo/b/__init__.py": "from michelangelo.a import value\n",
+        "michelangelo/b/_impl.py": "def f():\n    from michelangelo.a import value\n",
+    })
+    tree = Tree(tmp_path)
+
+    assert tree.private_imports() == []
+    assert tree.cycles() == []
+    assert tree.graph()["michelangelo.b"] == {"michelangelo.a"}
