@@ -26,6 +26,8 @@ from michelangelo.uniflow.plugins.ray._node_resources import node_resources
 from michelangelo.uniflow.plugins.ray._ports import free_port
 
 _HEAD_START_TIMEOUT_S = 120.0
+_HEAD_START_TRIES = 3
+_REGISTRATION_TIMEOUT = "timed out during startup"  # what `ray start` says after its 30 s
 _STOP_GRACE_S = 5.0
 
 
@@ -41,6 +43,9 @@ def node_arguments(task: RayTask, role: str) -> list[str]:
 
 class LocalRayCluster(RayCluster):
     """Head and workers as local ``ray start`` processes, torn down with the run."""
+
+    #: The ``ray`` command the nodes run (None: the one beside this Python, else PATH's).
+    ray_command: str | None = None
 
     def __init__(self, task: RayTask, log_dir: str) -> None:
         self.task = task
@@ -90,32 +95,8 @@ class LocalRayCluster(RayCluster):
                 "on that cluster instead."
             )
         os.makedirs(self.log_dir, exist_ok=True)
-        port = free_port()
-        dashboard_port = free_port()
-        # A private temp dir keeps `ray start` from making this cluster the machine's default
-        # (a plain ray.init() elsewhere would otherwise try to join it, even after it is gone).
-        self._temp_dir = tempfile.mkdtemp(prefix="uf-ray-", dir="/tmp")
-        head = [
-            "--head",
-            f"--port={port}",
-            f"--temp-dir={self._temp_dir}",
-            f"--dashboard-port={dashboard_port}",
-            "--dashboard-host=127.0.0.1",
-            f"--dashboard-agent-listen-port={free_port()}",
-            f"--ray-client-server-port={free_port()}",
-            f"--metrics-export-port={free_port()}",
-            *node_arguments(self.task, "head"),
-        ]
-        from ray._private.services import get_node_ip_address
-
-        self.address = f"{get_node_ip_address()}:{port}"
-        # Processes inside the cluster (e.g. Ray Train's placement-group cleaner) call
-        # ray.init() without an address; with several Ray instances on one host they must be
-        # told which one is theirs.
-        self._env["RAY_ADDRESS"] = self.address
         try:
-            self._spawn("head", head)
-            self._wait_for_head(port)
+            dashboard_port = self._start_head()
             ray.init(
                 address=self.address,
                 runtime_env=self.task.runtime_env,
@@ -131,6 +112,58 @@ class LocalRayCluster(RayCluster):
             self.shutdown()
             raise
         self.state = ClusterState.READY
+
+    def _start_head(self) -> int:
+        """Start the head node; returns its dashboard port.
+
+        Ray gives a starting node a fixed 30 s to register with its GCS and exits when that
+        runs out, which a busy machine can exceed: such a head is started again, from a
+        fresh temp dir and ports, up to ``_HEAD_START_TRIES`` times. Any other exit fails.
+        """
+        from ray._private.services import get_node_ip_address
+
+        for attempt in range(1, _HEAD_START_TRIES + 1):
+            port = free_port()
+            dashboard_port = free_port()
+            # A private temp dir keeps `ray start` from making this cluster the machine's
+            # default (a plain ray.init() elsewhere would otherwise try to join it, even after
+            # it is gone).
+            self._temp_dir = tempfile.mkdtemp(prefix="uf-ray-", dir="/tmp")
+            head = [
+                "--head",
+                f"--port={port}",
+                f"--temp-dir={self._temp_dir}",
+                f"--dashboard-port={dashboard_port}",
+                "--dashboard-host=127.0.0.1",
+                f"--dashboard-agent-listen-port={free_port()}",
+                f"--ray-client-server-port={free_port()}",
+                f"--metrics-export-port={free_port()}",
+                *node_arguments(self.task, "head"),
+            ]
+            self.address = f"{get_node_ip_address()}:{port}"
+            # Processes inside the cluster (e.g. Ray Train's placement-group cleaner) call
+            # ray.init() without an address; with several Ray instances on one host they must
+            # be told which one is theirs.
+            self._env["RAY_ADDRESS"] = self.address
+            self._spawn("head", head)
+            try:
+                self._wait_for_head(port)
+                return dashboard_port
+            except _HeadRegistrationTimedOut:
+                if attempt == _HEAD_START_TRIES:
+                    raise
+                self._discard_head()
+        raise AssertionError("unreachable")
+
+    def _discard_head(self) -> None:
+        """End a head that gave up starting, with everything in its session and temp dir."""
+        head = self._procs.pop()
+        self._logs.pop()
+        _signal_group(head, signal.SIGKILL)
+        _kill_sessions({head.pid})
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            head.wait(timeout=5)
+        shutil.rmtree(self._temp_dir, ignore_errors=True)
 
     def _start_workers(self) -> None:
         """Start worker nodes one after another, in the background.
@@ -167,7 +200,8 @@ class LocalRayCluster(RayCluster):
         self._logs.append(log)
         with open(log, "wb") as handle:
             proc = subprocess.Popen(
-                [_ray_executable(), "start", "--block", "--disable-usage-stats", *args],
+                [self.ray_command or _ray_executable(), "start", "--block",
+                 "--disable-usage-stats", *args],
                 stdout=handle,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -183,7 +217,9 @@ class LocalRayCluster(RayCluster):
         while time.monotonic() < deadline:
             head = self._procs[0]
             if head.poll() is not None:
-                raise ClusterError(
+                error = (_HeadRegistrationTimedOut
+                         if _REGISTRATION_TIMEOUT in _tail(self._logs[0]) else ClusterError)
+                raise error(
                     f"the Ray head exited with code {head.returncode} while starting; "
                     f"its log ends with:\n{_tail(self._logs[0])}"
                 )
@@ -271,6 +307,10 @@ class LocalRayCluster(RayCluster):
         if getattr(self, "_temp_dir", None):
             shutil.rmtree(self._temp_dir, ignore_errors=True)
         self.state = ClusterState.DELETED
+
+
+class _HeadRegistrationTimedOut(ClusterError):
+    """The head exited because it did not register with its GCS within Ray's 30 s."""
 
 
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:

@@ -240,3 +240,38 @@ def test_ray_address_borrows_a_cluster_after_checking_it(monkeypatch):
             uniflow.Context(reporter=Reporter()).run(big)
     finally:
         ray.shutdown()
+
+
+def test_a_head_that_times_out_registering_is_started_again(tmp_path):
+    """Ray gives a node 30 s to register and exits after that (a busy machine can take
+    longer): the cluster starts its head again instead of failing the run."""
+    from michelangelo.uniflow.plugins.ray import LocalRayCluster
+
+    real = os.path.join(os.path.dirname(sys.executable), "ray")
+    tries = tmp_path / "tries"
+    ray_double = tmp_path / "ray-that-times-out-once"
+    # A stand-in for `ray` that fails its first start the way Ray does, then is Ray.
+    ray_double.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        echo start >> "{tries}"
+        if [ "$(wc -l < "{tries}")" -eq 1 ]; then
+            echo "Exception: The current node timed out during startup. This could happen" \\
+                 "because some of the raylet failed to startup or the GCS has become overloaded."
+            exit 1
+        fi
+        exec "{real}" "$@"
+        """))
+    ray_double.chmod(0o755)
+
+    class Patient(LocalRayCluster):
+        ray_command = str(ray_double)
+
+    cluster = Patient(RayTask(head_cpu=1, head_memory="1Gi", worker_instances=0),
+                      str(tmp_path / "logs"))
+    try:
+        cluster.start()
+        assert ray.is_initialized() and ray.cluster_resources().get("CPU") == 1
+    finally:
+        cluster.shutdown()
+    assert tries.read_text().count("start") == 2
+    assert not ray.is_initialized()
