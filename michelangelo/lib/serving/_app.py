@@ -199,7 +199,7 @@ class ModelEndpoint:
             return 400, out_headers, content, True
 
     async def _predict_alone(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return await asyncio.to_thread(self.engine.forward, arrays)
+        return await self._run(self.engine.forward, arrays)
 
     async def _predict_batched(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         size = self.description.max_batch_size or 1
@@ -213,7 +213,7 @@ class ModelEndpoint:
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005, batch_size_fn=_rows)
     async def _batched(self, items: list[dict[str, np.ndarray]]) -> list[Any]:
         try:
-            return await asyncio.to_thread(self.engine.forward_many, items)
+            return await self._run(self.engine.forward_many, items)
         except Exception as exc:
             if len(items) == 1:
                 return [_as_error(exc)]
@@ -221,10 +221,18 @@ class ModelEndpoint:
         results: list[Any] = []
         for item in items:
             try:
-                results.append(await asyncio.to_thread(self.engine.forward, item))
+                results.append(await self._run(self.engine.forward, item))
             except Exception as exc:
                 results.append(_as_error(exc))
         return results
+
+    async def _run(self, fn: Callable[[Any], Any], arg: Any) -> Any:
+        # A text model's decoding loop runs many forward passes: off the event loop, so the
+        # replica keeps answering health checks and streams meanwhile. One pass of another
+        # model is short and runs in place (a thread hop would cost more than it saves).
+        if self.text is not None:
+            return await asyncio.to_thread(fn, arg)
+        return fn(arg)
 
     def describe(self) -> dict[str, Any]:
         """The description and the model this replica serves (for ``get_deployment``)."""
