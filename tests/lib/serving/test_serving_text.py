@@ -185,3 +185,27 @@ def test_prompts_that_are_not_utf8_are_400(text):
     model = text[2]
     with pytest.raises(BadRequest, match=r"text_input\[1\] is not UTF-8"):
         model.prepare({"text_input": np.array([b"ok", b"\xff"], dtype=object)})
+
+
+def test_a_tokenizers_library_tokenizer_serves_text_too(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["[UNK]", "the", "keeper", "wrote", "fog", "light", "bay", "lit"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    registry = ModelRegistry(str(tmp_path))
+    torch.manual_seed(1)
+    spec = registry.register(
+        "p", "words", model=serving_models.create_tiny_causal_lm(vocab_size=len(words)),
+        create_model_fn=serving_models.create_tiny_causal_lm,
+        create_model_fn_kwargs={"vocab_size": len(words)},
+        input_example=torch.tensor([[1, 2, 3]]), tokenizer=tok,
+        processing={"task": "text-generation", "max_tokens": 5})
+    served = ServedModel.load(registry.url, spec)
+    model = TextModel(served, served.tokenizer, served.processing)
+    rows = model.prepare({"text_input": np.array([b"the keeper wrote", b"fog"], dtype=object)})
+    out = [t.decode() for t in model.forward(rows)["text_output"]]
+    assert all(set(t.split()) <= set(words[1:]) | {"[UNK]"} for t in out)
+    assert len(out[0].split()) == 5
+    streamed = "".join(model.stream("the keeper wrote", model.parameters({})))
+    assert streamed == out[0]
