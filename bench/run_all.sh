@@ -30,4 +30,7 @@ echo "=== bench_serving_binary.py ==="
 # Serving: a 20% canary under a steady stream; failed requests across rollout verbs.
 echo "=== bench_serving_rollout.py ==="
 "$PY" bench/bench_serving_rollout.py || { echo "bench_serving_rollout.py failed" >&2; status=1; }
+# Serving: generated tokens/s of a text endpoint vs a hand-written deployment; first token.
+echo "=== bench_serving_generate.py ==="
+"$PY" bench/bench_serving_generate.py || { echo "bench_serving_generate.py failed" >&2; status=1; }
 exit "$status"

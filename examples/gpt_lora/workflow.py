@@ -12,12 +12,14 @@ Run it with ``python examples/gpt_lora/workflow.py`` (``--size tiny|default|gpu`
    ``data/finetune.txt`` (a lighthouse keeper's log). AdamW with warmup + cosine decay per
    step, gradient clipping by norm, bf16-mixed on GPUs that support it. The adapters are
    merged into the weights and the result is registered as ``gpt-keeper``.
-3. ``serve``: ``gpt-keeper`` is deployed on Ray Serve; the endpoint takes prompts as token
-   ids and answers with a greedy continuation, which the example decodes and prints.
+3. ``serve``: ``gpt-keeper`` is deployed on Ray Serve. The endpoint takes text and answers
+   text: the Open Inference Protocol's ``generate`` (greedy by default) and
+   ``generate_stream`` (server-sent events, one per character), which the example calls
+   and prints with ``curl`` lines to try.
 
-The vocabulary is the set of characters in the shipped text. It is stored with each
-revision (as an argument of the model factory), so a client can turn text into token ids
-and back from the registry alone.
+The vocabulary is the set of characters in the shipped text. Each revision carries it as
+its tokenizer (``CharacterTokenizer``, stored as ``vocab.json``) with a text-generation
+spec, so the endpoint turns text into token ids and back from the registry alone.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from torch import nn
 from torch.nn import functional as F  # noqa: N812 - the usual name
 
 import michelangelo.uniflow.core as uniflow
-from michelangelo.lib.model_registry import ModelRegistry, parse_model_spec
+from michelangelo.lib.model_registry import CharacterTokenizer, ModelRegistry, parse_model_spec
 from michelangelo.lib.trainer.torch.pytorch_lightning import (
     LearningMode,
     LightningTrainerParam,
@@ -63,15 +65,15 @@ SIZES: dict[str, dict[str, Any]] = {
     "tiny": {"n_embd": 32, "n_layer": 2, "n_head": 2, "block_size": 32, "stride": 2,
              "pretrain_epochs": 2, "finetune_epochs": 3, "batch_size": 32, "workers": 2,
              "learning_rate": 1e-2, "finetune_learning_rate": 3e-2, "lora_rank": 4,
-             "prompt_len": 24, "new_tokens": 24},
+             "new_tokens": 24},
     "default": {"n_embd": 96, "n_layer": 3, "n_head": 4, "block_size": 64, "stride": 2,
                 "pretrain_epochs": 4, "finetune_epochs": 4, "batch_size": 32, "workers": 2,
                 "learning_rate": 3e-3, "finetune_learning_rate": 5e-3, "lora_rank": 8,
-                "prompt_len": 32, "new_tokens": 48},
+                "new_tokens": 48},
     "gpu": {"n_embd": 384, "n_layer": 6, "n_head": 6, "block_size": 128, "stride": 1,
             "pretrain_epochs": 6, "finetune_epochs": 6, "batch_size": 64, "workers": 1,
             "learning_rate": 1e-3, "finetune_learning_rate": 2e-3, "lora_rank": 16,
-            "prompt_len": 32, "new_tokens": 64},
+            "new_tokens": 64},
 }
 ARCH_KEYS = ("n_embd", "n_layer", "n_head", "block_size")
 
@@ -96,27 +98,7 @@ def build_vocab() -> str:
     return "".join(sorted(set(read_text("pretrain.txt")) | set(read_text("finetune.txt"))))
 
 
-class CharTokenizer:
-    """Characters to ids and back; unknown characters become a space."""
-
-    def __init__(self, vocab: str) -> None:
-        self.vocab = vocab
-        self.index = {c: i for i, c in enumerate(vocab)}
-        self.space = self.index[" "]
-
-    def encode(self, text: str) -> list[int]:
-        return [self.index.get(c, self.space) for c in text]
-
-    def decode(self, ids: list[int]) -> str:
-        return "".join(self.vocab[i] for i in ids)
-
-    def prompt(self, text: str, length: int) -> list[int]:
-        """A fixed-length prompt: the last ``length`` characters, left-padded with spaces."""
-        ids = self.encode(text)[-length:]
-        return [self.space] * (length - len(ids)) + ids
-
-
-def text_windows(text: str, tokenizer: CharTokenizer, block_size: int, stride: int,
+def text_windows(text: str, tokenizer: CharacterTokenizer, block_size: int, stride: int,
                  val_fraction: float = 0.15) -> tuple[list[dict], list[dict]]:
     """Overlapping windows of ``block_size + 1`` ids; the tail of the text is validation."""
     ids = np.asarray(tokenizer.encode(text), dtype=np.int64)
@@ -141,39 +123,43 @@ def build_gpt(vocab: str, n_embd: int, n_layer: int, n_head: int, block_size: in
     return GPT2LMHeadModel(config)
 
 
-class Generator(nn.Module):
-    """What the endpoint serves: prompts of token ids in, greedy continuations out.
+class CausalLMForServing(nn.Module):
+    """What the endpoint serves: token ids ``[batch, length]`` in, logits out.
+
+    The endpoint does the rest from what the revision carries: it tokenizes the prompt with
+    the stored vocabulary, decodes one token at a time (up to ``block_size`` of context) and
+    answers text.
 
     Args:
         vocab: The characters, in token-id order.
         n_embd, n_layer, n_head, block_size: The GPT-2 shape.
-        new_tokens: How many tokens each continuation has.
     """
 
-    def __init__(self, vocab: str, n_embd: int, n_layer: int, n_head: int, block_size: int,
-                 new_tokens: int) -> None:
+    def __init__(self, vocab: str, n_embd: int, n_layer: int, n_head: int,
+                 block_size: int) -> None:
         super().__init__()
         self.lm = build_gpt(vocab, n_embd, n_layer, n_head, block_size)
-        self.vocab_size = len(vocab)
-        self.block_size = block_size
-        self.new_tokens = new_tokens
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if input_ids.dim() != 2 or int(input_ids.min()) < 0 \
-                or int(input_ids.max()) >= self.vocab_size:
-            raise ValueError(f"input_ids must be a [batch, length] tensor of ids in "
-                             f"[0, {self.vocab_size}); got shape {list(input_ids.shape)}, "
-                             f"range [{int(input_ids.min())}, {int(input_ids.max())}].")
-        ids = input_ids.long()
-        for _ in range(self.new_tokens):
-            logits = self.lm(input_ids=ids[:, -self.block_size:]).logits[:, -1, :]
-            ids = torch.cat([ids, logits.argmax(dim=-1, keepdim=True)], dim=1)
-        return ids[:, input_ids.shape[1]:]
+    def forward(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        return {"logits": self.lm(input_ids=input_ids.long()).logits}
 
 
-def create_generator(**kwargs: Any) -> Generator:
+def create_causal_lm(**kwargs: Any) -> CausalLMForServing:
     """The factory the registry records; serving calls it to rebuild the model."""
-    return Generator(**kwargs)
+    return CausalLMForServing(**kwargs)
+
+
+def text_processing(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The processing spec registered with each revision: how the endpoint makes text."""
+    return {"task": "text-generation", "max_tokens": cfg["new_tokens"],
+            "max_context": cfg["block_size"], "max_tokens_limit": 4 * cfg["block_size"]}
+
+
+def prompt_example(tokenizer: CharacterTokenizer) -> torch.Tensor:
+    """The registered input example: the prompts' token ids, cut to one length."""
+    ids = [tokenizer.encode(p) for p in PROMPTS]
+    width = min(len(i) for i in ids)
+    return torch.tensor([i[:width] for i in ids])
 
 
 class WarmupCosine:
@@ -372,7 +358,7 @@ def pretrain(size: str, strategy: str) -> dict:
     """Train the base model on ``pretrain.txt`` and register it."""
     cfg = SIZES[size]
     vocab = build_vocab()
-    tokenizer = CharTokenizer(vocab)
+    tokenizer = CharacterTokenizer(vocab)
     arch = {k: cfg[k] for k in ARCH_KEYS}
     train_rows, val_rows = text_windows(read_text("pretrain.txt"), tokenizer,
                                         cfg["block_size"], cfg["stride"])
@@ -384,11 +370,10 @@ def pretrain(size: str, strategy: str) -> dict:
     result, preflight = train_and_report(trainer, "pretrain")
 
     registry = ModelRegistry()
-    gen_kwargs = {"vocab": vocab, **arch, "new_tokens": cfg["new_tokens"]}
-    example = torch.tensor([tokenizer.prompt(PROMPTS[0], cfg["prompt_len"])])
     spec = registry.register(
-        PROJECT, BASE_MODEL, train_result=result, create_model_fn=create_generator,
-        create_model_fn_kwargs=gen_kwargs, input_example=example,
+        PROJECT, BASE_MODEL, train_result=result, create_model_fn=create_causal_lm,
+        create_model_fn_kwargs={"vocab": vocab, **arch}, input_example=prompt_example(tokenizer),
+        tokenizer=tokenizer, processing=text_processing(cfg),
         description=f"character GPT-2 ({size}) pretrained on examples/gpt_lora/data/pretrain.txt",
         tags={"example": "gpt_lora", "size": size, "strategy": strategy},
         lineage={"text_sha256": data_digest("pretrain.txt")})
@@ -408,7 +393,7 @@ def finetune(base: dict, size: str, strategy: str) -> dict:
     registry = ModelRegistry()
     base_spec = parse_model_spec(base["spec"])
     vocab = registry.get(base_spec).factory["kwargs"]["vocab"]
-    tokenizer = CharTokenizer(vocab)
+    tokenizer = CharacterTokenizer(vocab)
     arch = {k: cfg[k] for k in ARCH_KEYS}
     train_rows, val_rows = text_windows(read_text("finetune.txt"), tokenizer,
                                         cfg["block_size"], cfg["stride"])
@@ -433,13 +418,13 @@ def finetune(base: dict, size: str, strategy: str) -> dict:
     model.configure_model()
     trainer.update_model_state_dict(model)
     merged = model.lm.merge_and_unload()
-    generator = create_generator(vocab=vocab, **arch, new_tokens=cfg["new_tokens"])
-    generator.lm.load_state_dict(merged.state_dict())
-    example = torch.tensor([tokenizer.prompt(p, cfg["prompt_len"]) for p in PROMPTS])
+    served = create_causal_lm(vocab=vocab, **arch)
+    served.lm.load_state_dict(merged.state_dict())
     spec = registry.register(
-        PROJECT, TUNED_MODEL, model=generator, create_model_fn=create_generator,
-        create_model_fn_kwargs={"vocab": vocab, **arch, "new_tokens": cfg["new_tokens"]},
-        train_result=result, input_example=example,
+        PROJECT, TUNED_MODEL, model=served, create_model_fn=create_causal_lm,
+        create_model_fn_kwargs={"vocab": vocab, **arch}, train_result=result,
+        input_example=prompt_example(tokenizer), tokenizer=tokenizer,
+        processing=text_processing(cfg),
         description=f"{base['spec']} + LoRA (rank {cfg['lora_rank']}) on finetune.txt, merged",
         tags={"example": "gpt_lora", "size": size, "strategy": strategy, "adapters": "merged"},
         lineage={"baseline_model": base["spec"], "lora_rank": cfg["lora_rank"],
@@ -453,22 +438,25 @@ def finetune(base: dict, size: str, strategy: str) -> dict:
 
 @uniflow.task(config=CPU_CLUSTER)
 def serve(tuned: dict, size: str, port: int) -> dict:
-    """Deploy the fine-tuned revision and ask it to continue the prompts over HTTP."""
+    """Deploy the fine-tuned revision; ask it to continue the prompts, plain and streamed."""
     from michelangelo.lib.serving import deploy
 
     cfg = SIZES[size]
     registry = ModelRegistry()
-    vocab = registry.get(tuned["spec"]).factory["kwargs"]["vocab"]
-    tokenizer = CharTokenizer(vocab)
     endpoint = deploy(tuned["spec"], name="gpt-keeper", port=port or free_port(),
                       registry=registry)
-    prompts = [tokenizer.prompt(p, cfg["prompt_len"]) for p in PROMPTS]
-    answers = endpoint.predict(prompts)
-    continuations = {p: tokenizer.decode(a) for p, a in zip(PROMPTS, answers, strict=True)}
+    continuations = {p: endpoint.generate(p, max_tokens=cfg["new_tokens"]) for p in PROMPTS}
     for prompt, text in continuations.items():
         print(f"[serve] {prompt!r} -> {text!r}", flush=True)
-    print(f"[serve] try it while the cluster is up: {endpoint.curl(prompts[:1])}", flush=True)
-    return {"url": endpoint.url, "continuations": continuations}
+    streamed = list(endpoint.generate_stream(PROMPTS[0], max_tokens=cfg["new_tokens"]))
+    print(f"[serve] streamed in {len(streamed)} events: {''.join(streamed)!r}", flush=True)
+    body = json.dumps({"text_input": PROMPTS[0], "parameters": {"max_tokens": 16}})
+    for path in ("generate", "generate_stream"):
+        print(f"[serve] try it while the cluster is up: curl -s{'N' if 'stream' in path else ''}"
+              f" -X POST {endpoint.base_url}/v2/models/gpt-keeper/{path} "
+              f"-H 'Content-Type: application/json' -d '{body}'", flush=True)
+    return {"url": endpoint.url, "generate_url": endpoint.generate_url,
+            "continuations": continuations, "streamed": streamed}
 
 
 @uniflow.workflow()

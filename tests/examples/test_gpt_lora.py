@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 SCRIPT = os.path.join(ROOT, "examples", "gpt_lora", "workflow.py")
 
 
-def run_example(*args: str, timeout: float = 540) -> tuple[int, str]:
+def run_example(*args: str, timeout: float = 1500) -> tuple[int, str]:
     proc = subprocess.run([sys.executable, SCRIPT, *args], cwd=ROOT, env=dict(os.environ),
                           capture_output=True, text=True, timeout=timeout)
     return proc.returncode, proc.stdout + proc.stderr
@@ -67,7 +67,12 @@ def test_registered_revisions_carry_lineage_and_merged_weights(tiny_run):
     tuned = registry.get(report["finetune"]["spec"])
     assert tuned.lineage["baseline_model"] == report["pretrain"]["spec"]
     assert tuned.tags["adapters"] == "merged"
-    assert tuned.factory["qualname"] == base.factory["qualname"] == "create_generator"
+    assert tuned.factory["qualname"] == base.factory["qualname"] == "create_causal_lm"
+    # Each revision carries its tokenizer (as data) and how to serve text.
+    assert tuned.tokenizer["kind"] == base.tokenizer["kind"] == "characters"
+    assert tuned.processing["task"] == "text-generation"
+    assert registry.load_tokenizer(tuned.spec).encode("keeper") == \
+        registry.load_tokenizer(base.spec).encode("keeper")
     weights = registry.load_state_dict(tuned.spec)
     assert not [k for k in weights if "lora" in k], "adapters were not merged"
     assert weights.keys() == registry.load_state_dict(base.spec).keys()
@@ -81,16 +86,18 @@ def test_endpoint_answers_with_what_the_registered_model_generates(tiny_run):
     assert endpoint["url"].startswith("http://127.0.0.1:")
     spec = report["finetune"]["spec"]
     model = registry.load_model(spec)
-    module = sys.modules[type(model).__module__]
-    kwargs = registry.get(spec).factory["kwargs"]
-    tokenizer = module.CharTokenizer(kwargs["vocab"])
-    prompts = list(endpoint["continuations"])
-    ids = torch.tensor([tokenizer.prompt(p, module.SIZES["tiny"]["prompt_len"])
-                        for p in prompts])
-    with torch.no_grad():
-        local = [tokenizer.decode(row.tolist()) for row in model(ids)]
-    assert local == [endpoint["continuations"][p] for p in prompts]
-    assert all(len(text) == kwargs["new_tokens"] for text in local)
+    tokenizer = registry.load_tokenizer(spec)
+    processing = registry.get(spec).processing
+    for prompt, answer in endpoint["continuations"].items():
+        ids = tokenizer.encode(prompt)
+        for _ in range(processing["max_tokens"]):  # greedy, over the last max_context ids
+            with torch.no_grad():
+                logits = model(torch.tensor([ids[-processing["max_context"]:]]))["logits"]
+            ids.append(int(logits[0, -1].argmax()))
+        assert answer == tokenizer.decode(ids[len(tokenizer.encode(prompt)):]), prompt
+    first = next(iter(endpoint["continuations"]))
+    assert "".join(endpoint["streamed"]) == endpoint["continuations"][first]
+    assert len(endpoint["streamed"]) == processing["max_tokens"]  # one event per character
 
 
 def test_bad_options_fail_before_any_cluster_starts():

@@ -16,14 +16,17 @@ from michelangelo.lib.model_registry._registry import (
 )
 from michelangelo.lib.model_registry._revision import Revision
 from michelangelo.lib.model_registry._spec import parse_model_spec
+from michelangelo.lib.model_registry._tokenizer import CharacterTokenizer, TextTokenizer
 
 __all__ = [
+    "CharacterTokenizer",
     "ENV_REGISTRY_URL",
     "ModelRegistry",
     "ModelRegistryError",
     "ModelSpec",
     "Revision",
     "RevisionNotFoundError",
+    "TextTokenizer",
     "WeightsIntegrityError",
     "parse_model_spec",
     "registry_url",

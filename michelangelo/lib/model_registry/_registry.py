@@ -42,6 +42,12 @@ from michelangelo.lib.model_registry._store import (
     WEIGHTS_FILE,
     ModelStore,
 )
+from michelangelo.lib.model_registry._tokenizer import (
+    TextTokenizer,
+    check_processing,
+    decode_tokenizer,
+    encode_tokenizer,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +140,8 @@ class ModelRegistry:
         datasets: Mapping[str, Any] | None = None,
         lineage: Mapping[str, Any] | None = None,
         allow_non_finite: bool | Sequence[str] = False,
+        tokenizer: Any = None,
+        processing: Mapping[str, Any] | None = None,
     ) -> ModelSpec:
         """Store a new revision of ``project_name/model_name`` and return its spec.
 
@@ -166,6 +174,15 @@ class ModelRegistry:
             allow_non_finite: Inputs (names, or ``True`` for all) whose NaN and infinities
                 the model handles; serving refuses them in every other input. Recorded in
                 the signature, so it needs ``input_example``.
+            tokenizer: Stored with the revision as data, never pickled: a
+                ``tokenizers.Tokenizer`` (as its ``tokenizer.json``) or a
+                :class:`CharacterTokenizer` (its vocabulary). Read back with
+                :meth:`load_tokenizer`.
+            processing: How serving turns text into the model's input and back, e.g.
+                ``{"task": "text-generation", "max_tokens": 48, "max_context": 64}``: the
+                model then takes token ids ``[batch, length]`` and returns logits
+                ``[batch, length, vocab]``, and the endpoint takes and returns text. Needs
+                ``tokenizer`` and ``input_example`` (a batch of token ids).
 
         Returns:
             ``ModelSpec(project_name, model_name, revision_id)`` of the new revision.
@@ -204,6 +221,15 @@ class ModelRegistry:
         if input_example is not None and model is None and create_model_fn is None:
             raise ValueError("input_example needs a model to run it: pass model= or "
                              "create_model_fn=.")
+        stored_tokenizer = None if tokenizer is None else encode_tokenizer(tokenizer)
+        process_spec = None
+        if processing is not None:
+            if stored_tokenizer is None or input_example is None:
+                raise ValueError("processing needs tokenizer= and input_example= (a batch of "
+                                 "token ids): serving turns text into ids with the tokenizer "
+                                 "and proves the model with the example.")
+            process_spec = check_processing(processing, decode_tokenizer(
+                stored_tokenizer[0], stored_tokenizer[2]).vocab_size)
         factory = ({} if create_model_fn is None
                    else factory_reference(create_model_fn, create_model_fn_kwargs))
         if create_model_fn is None and create_model_fn_kwargs:
@@ -245,7 +271,8 @@ class ModelRegistry:
             "tags": tag_map, "factory": factory, "lineage": lineage_map,
             "versions": package_versions(), "signature": signature or {},
             "input_example": example, "num_tensors": len(weights), "created_by": user_name(),
-        })
+            "processing": process_spec,
+        }, tokenizer=stored_tokenizer)
 
     @staticmethod
     def _check_tags(tags: Mapping[str, str] | None) -> dict[str, str]:
@@ -285,10 +312,16 @@ class ModelRegistry:
         return built
 
     def _write(self, project: str, model: str, weights: Mapping[str, torch.Tensor],
-               training: TrainingState | None, metadata: dict[str, Any]) -> ModelSpec:
+               training: TrainingState | None, metadata: dict[str, Any],
+               tokenizer: tuple[str, str, bytes] | None = None) -> ModelSpec:
         store = self._store
         staging = store.new_staging(project, model)
         try:
+            if tokenizer is not None:
+                kind, name, data = tokenizer
+                store.write(posixpath.join(staging, name), data)
+                metadata["tokenizer"] = {"kind": kind, "file": name, "bytes": len(data),
+                                         "sha256": st.sha256_of(data)}
             with store.open_write(posixpath.join(staging, WEIGHTS_FILE)) as handle:
                 size, digest = st.write_state_dict(handle, weights)
             metadata["weights_sha256"] = digest
@@ -413,6 +446,27 @@ class ModelRegistry:
         except FileNotFoundError:
             raise WeightsIntegrityError(f"revision {revision.name} is missing its {name}. Fix: "
                                         "re-register the model.") from None
+
+    def load_tokenizer(self, spec: str | ModelSpec) -> TextTokenizer:
+        """The tokenizer stored with the revision (sha256 verified).
+
+        Returns:
+            A :class:`TextTokenizer`: ``encode(text) -> ids`` and ``decode(ids) -> text``,
+            whatever kind was stored (``.inner`` is the stored object).
+
+        Raises:
+            RevisionNotFoundError: No such revision.
+            ModelRegistryError: The revision carries no tokenizer.
+            WeightsIntegrityError: The stored file does not match its recorded sha256.
+        """
+        revision = self.get(spec)
+        record = revision.tokenizer
+        if not record:
+            raise ModelRegistryError(f"revision {revision.name} carries no tokenizer. Fix: "
+                                     "register it with tokenizer=...")
+        data = self._read_small(revision, record["file"])
+        _verify(revision, st.sha256_of(data), record["sha256"], record["file"])
+        return decode_tokenizer(record["kind"], data)
 
     def load_state_dict(self, spec: str | ModelSpec) -> dict[str, torch.Tensor]:
         """The revision's weights as CPU tensors (tied names tied again), sha256 verified.

@@ -36,6 +36,10 @@ class Revision:
         optimizer_state: ``{"sha256", "bytes", "num_optimizers", "epoch", "global_step"}``
             when the revision keeps optimizer state (``keep_optimizer_state=True``), else None.
         created_by: User name of the registering process.
+        tokenizer: ``{"kind", "file", "sha256", "bytes"}`` of the tokenizer stored with the
+            revision (``register(tokenizer=...)``), else None.
+        processing: The text processing spec serving follows (``register(processing=...)``),
+            else None.
     """
 
     project_name: str
@@ -56,6 +60,8 @@ class Revision:
     num_tensors: int = 0
     optimizer_state: dict[str, Any] | None = None
     created_by: str | None = None
+    tokenizer: dict[str, Any] | None = None
+    processing: dict[str, Any] | None = None
 
     @property
     def spec(self) -> ModelSpec:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from ray import serve
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from michelangelo.lib.serving._binary import read_body, render
 from michelangelo.lib.serving._description import DeploymentDescription
@@ -31,7 +31,8 @@ from michelangelo.lib.serving._errors import (
 from michelangelo.lib.serving._gateway import ENDPOINT_DEPLOYMENT
 from michelangelo.lib.serving._model import ServedModel
 from michelangelo.lib.serving._rollout import CanaryRouter
-from michelangelo.lib.serving._routes import Routes
+from michelangelo.lib.serving._routes import SSE_HEADERS, Routes, is_stream_path
+from michelangelo.lib.serving._text import TextModel
 
 logger = logging.getLogger("michelangelo.serving")
 INGRESS_NAME = ENDPOINT_DEPLOYMENT
@@ -61,13 +62,19 @@ class ModelEndpoint:
                 f"{d.project_name}/{d.model_name}:{d.revision_id} now records weights sha256 "
                 f"{self.served.info['weights_sha256']}, but {d.weights_sha256} was deployed; "
                 "the revision was replaced after deploy() resolved it. Fix: deploy again.")
+        # A revision registered with a tokenizer and processing spec takes and answers text.
+        self.text = (TextModel(self.served, self.served.tokenizer, self.served.processing)
+                     if self.served.processing else None)
+        self.engine: Any = self.text or self.served
         self._ready = True
         if d.max_batch_size is not None:
             self._batched.set_max_batch_size(d.max_batch_size)
             self._batched.set_batch_wait_timeout_s(d.batch_wait_timeout_s)
         predict = self._predict_batched if d.max_batch_size is not None else self._predict_alone
-        self.routes = Routes(d.name, self.served.info, self.served.signature, predict,
-                             is_ready=lambda: self._ready)
+        if self.text is not None:
+            predict = self._text_predict(predict)
+        self.routes = Routes(d.name, self.served.info, self.engine.signature, predict,
+                             is_ready=lambda: self._ready, text=self.text)
         # A canary beside this revision takes its share of requests through here.
         self.canary = CanaryRouter(d.name, d.revision_id)
 
@@ -77,6 +84,11 @@ class ModelEndpoint:
         if path.startswith(prefix):
             path = path[len(prefix):]
         headers = {k.lower(): v for k, v in request.headers.items()}
+        if is_stream_path(path):
+            events = self._stream(request.method, path, headers, lambda: read_body(
+                request, self.description.max_request_bytes))
+            status, out_headers = await anext(events)
+            return StreamingResponse(events, status_code=status, headers=out_headers)
         status, out_headers, content = await self._respond(
             request.method, path, headers,
             lambda: read_body(request, self.description.max_request_bytes))
@@ -92,6 +104,46 @@ class ModelEndpoint:
         """A request a stable replica routed to this (canary) one: answered here, never
         routed on, with whether it failed (5xx, or the model raised)."""
         return await self._answer(method, path, headers, self._reader(body))
+
+    async def answer_stream(self, method: str, path: str, headers: Mapping[str, str],
+                            body: bytes) -> Any:
+        """A streamed request the root gateway forwards (call with ``stream=True``): yields
+        ``(status, headers)`` first, then the body's chunks."""
+        async for item in self._stream(method, path, headers, self._reader(body)):
+            yield item
+
+    async def _stream(self, method: str, path: str, headers: Mapping[str, str],
+                      read: Callable[[], Awaitable[bytes]]) -> Any:
+        # Streams are answered by the replica that takes them (a canary gets no streams).
+        try:
+            answer = await self.routes.handle(method, path, read, headers)
+        except HTTPError as exc:
+            content, out_headers = render(exc.body())
+            yield exc.status, out_headers
+            yield content
+            return
+        except Exception as exc:  # never a 500 without a reason
+            logger.exception("request on %s failed", path)
+            content, out_headers = render({"error": f"the model could not process this "
+                                                    f"input: {type(exc).__name__}: {exc}"})
+            yield 400, out_headers
+            yield content
+            return
+        if answer.stream is None:
+            content, out_headers = render(answer.body, answer.tail)
+            yield answer.status, out_headers
+            yield content
+            return
+        yield 200, dict(SSE_HEADERS)
+        async for chunk in answer.stream:
+            yield chunk
+
+    def _text_predict(self, predict: Callable[[dict[str, np.ndarray]],
+                                              Awaitable[dict[str, np.ndarray]]]) -> Any:
+        async def run(arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            return await predict(self.text.prepare(arrays))  # checked before batching
+
+        return run
 
     def _reader(self, body: bytes) -> Callable[[], Awaitable[bytes]]:
         async def read() -> bytes:
@@ -147,7 +199,7 @@ class ModelEndpoint:
             return 400, out_headers, content, True
 
     async def _predict_alone(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self.served.forward(arrays)
+        return await self._run(self.engine.forward, arrays)
 
     async def _predict_batched(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         size = self.description.max_batch_size or 1
@@ -161,7 +213,7 @@ class ModelEndpoint:
     @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.005, batch_size_fn=_rows)
     async def _batched(self, items: list[dict[str, np.ndarray]]) -> list[Any]:
         try:
-            return self.served.forward_many(items)
+            return await self._run(self.engine.forward_many, items)
         except Exception as exc:
             if len(items) == 1:
                 return [_as_error(exc)]
@@ -169,15 +221,24 @@ class ModelEndpoint:
         results: list[Any] = []
         for item in items:
             try:
-                results.append(self.served.forward(item))
+                results.append(await self._run(self.engine.forward, item))
             except Exception as exc:
                 results.append(_as_error(exc))
         return results
 
+    async def _run(self, fn: Callable[[Any], Any], arg: Any) -> Any:
+        # A text model's decoding loop runs many forward passes: off the event loop, so the
+        # replica keeps answering health checks and streams meanwhile. One pass of another
+        # model is short and runs in place (a thread hop would cost more than it saves).
+        if self.text is not None:
+            return await asyncio.to_thread(fn, arg)
+        return fn(arg)
+
     def describe(self) -> dict[str, Any]:
         """The description and the model this replica serves (for ``get_deployment``)."""
         return {"description": self.description.to_dict(), "model": self.served.info,
-                "signature": self.served.signature}
+                "signature": self.engine.signature,
+                "decoding_steps": None if self.text is None else self.text.steps_run}
 
     def check_health(self) -> None:
         if not self._ready:

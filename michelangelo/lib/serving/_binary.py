@@ -4,7 +4,7 @@ A request may carry tensors as raw bytes after its JSON header: the header
 ``Inference-Header-Content-Length: N`` says the first ``N`` bytes of the body are the JSON,
 and every input with ``parameters.binary_data_size`` takes that many of the remaining bytes,
 in order, little-endian and row-major (``BOOL`` one byte per value, ``BF16`` the upper two
-bytes of a float32). Answers do the same for outputs asked for in binary (the request's
+bytes of a float32, ``BYTES`` each element as a 4-byte little-endian length and its bytes). Answers do the same for outputs asked for in binary (the request's
 ``parameters.binary_data_output`` or an output's ``parameters.binary_data``).
 
 Every JSON answer is strict JSON: NaN and infinities never leave as bare tokens.
@@ -98,8 +98,10 @@ class BinaryReader:
 
 def from_bytes(name: str, chunk: memoryview, datatype: str, shape: list[int]) -> np.ndarray:
     """Raw little-endian bytes as an array of ``datatype`` (``BF16`` widened to float32)."""
-    wire = _WIRE[datatype]
     count = int(np.prod(shape)) if shape else 1
+    if datatype == "BYTES":
+        return _split_elements(name, bytes(chunk), count).reshape(shape)
+    wire = _WIRE[datatype]
     if len(chunk) != count * wire.itemsize:
         raise BadRequest(
             f"input {name!r}: shape {shape} of {datatype} needs {count * wire.itemsize} bytes "
@@ -118,8 +120,42 @@ def from_bytes(name: str, chunk: memoryview, datatype: str, shape: list[int]) ->
     return array.reshape(shape)
 
 
+def _split_elements(name: str, raw: bytes, count: int) -> np.ndarray:
+    """A BYTES tensor's wire form (length-prefixed elements) as an object array."""
+    out = np.empty(count, dtype=object)
+    offset = 0
+    for i in range(count):
+        if offset + 4 > len(raw):
+            raise BadRequest(
+                f"input {name!r}: BYTES data ends after {i} of {count} elements. Fix: send "
+                "each element as a 4-byte little-endian length followed by its bytes.")
+        size = int.from_bytes(raw[offset:offset + 4], "little")
+        offset += 4
+        if offset + size > len(raw):
+            raise BadRequest(
+                f"input {name!r}: BYTES element {i} says {size} bytes, but only "
+                f"{len(raw) - offset} are left. Fix: check each element's 4-byte length.")
+        out[i] = raw[offset:offset + size]
+        offset += size
+    if offset != len(raw):
+        raise BadRequest(
+            f"input {name!r}: {len(raw) - offset} bytes follow the {count} BYTES elements "
+            "its shape holds. Fix: make 'shape' match the number of elements.")
+    return out
+
+
+def _join_elements(array: np.ndarray) -> bytes:
+    parts = []
+    for value in array.reshape(-1):
+        item = value.encode("utf-8") if isinstance(value, str) else bytes(value)
+        parts += [len(item).to_bytes(4, "little"), item]
+    return b"".join(parts)
+
+
 def to_bytes(array: np.ndarray, datatype: str) -> bytes:
     """``array`` as the wire bytes of ``datatype``."""
+    if datatype == "BYTES":
+        return _join_elements(array)
     return np.ascontiguousarray(array, dtype=_WIRE[datatype] if datatype != "BOOL"
                                 else np.uint8).tobytes()
 

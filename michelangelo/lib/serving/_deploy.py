@@ -10,6 +10,7 @@ import re
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +77,46 @@ class Deployment:
         body = json.dumps({"inputs": _plain(inputs)})
         return f"curl -s -X POST {self.url} -H 'Content-Type: application/json' -d '{body}'"
 
+    @property
+    def generate_url(self) -> str:
+        """The generate extension's path at the server's root (text models); ``_stream``
+        appended is ``generate_stream``."""
+        return f"{self.base_url}/v2/models/{self.name}/generate"
+
+    def generate(self, text: str, timeout_s: float = 60.0, **parameters: Any) -> str:
+        """The continuation of ``text`` from a text model (``max_tokens``, ``temperature``).
+
+        Raises:
+            HTTPError: The endpoint answered with an error (its status and reason).
+        """
+        body = {"text_input": text, "parameters": parameters}
+        return post_json(self.generate_url, body, timeout_s)["text_output"]
+
+    def generate_stream(self, text: str, timeout_s: float = 60.0,
+                        **parameters: Any) -> Iterator[str]:
+        """The continuation of ``text`` chunk by chunk as the server streams it.
+
+        Closing the iterator early closes the connection, which stops the generation.
+
+        Raises:
+            HTTPError: The endpoint refused the request, or reported an error mid-stream.
+        """
+        request = urllib.request.Request(
+            self.generate_url + "_stream", method="POST",
+            data=json.dumps({"text_input": text, "parameters": parameters}).encode(),
+            headers={"Content-Type": "application/json", "Accept": "text/event-stream"})
+        try:
+            response = urllib.request.urlopen(request, timeout=timeout_s)
+        except urllib.error.HTTPError as exc:
+            raise HTTPError(_reason(exc.read()), exc.code) from None
+        with response:
+            for line in response:
+                if line.startswith(b"data: "):
+                    event = json.loads(line[len(b"data: "):])
+                    if "error" in event:
+                        raise HTTPError(event["error"], 500)
+                    yield event["text_output"]
+
     def delete(self) -> None:
         """Remove the endpoint (its Serve application) from the cluster."""
         delete_deployment(self.name)
@@ -96,12 +137,14 @@ def post_json(url: str, body: Any, timeout_s: float = 60.0) -> dict[str, Any]:
         with urllib.request.urlopen(request, timeout=timeout_s) as response:
             return json.loads(response.read())
     except urllib.error.HTTPError as exc:
-        payload = exc.read()
-        try:
-            message = json.loads(payload)["error"]
-        except (ValueError, KeyError, TypeError):
-            message = payload.decode(errors="replace")
-        raise HTTPError(message, exc.code) from None
+        raise HTTPError(_reason(exc.read()), exc.code) from None
+
+
+def _reason(payload: bytes) -> str:
+    try:
+        return json.loads(payload)["error"]
+    except (ValueError, KeyError, TypeError):
+        return payload.decode(errors="replace")
 
 
 def _registry(registry: Any) -> Any:

@@ -9,7 +9,8 @@ does under its own prefix.
 
 - ``GET /v2``, ``/v2/health/live``, ``/v2/health/ready``: server metadata and health.
 - ``GET|POST /v2/repository/index``: every endpoint with its revision and state.
-- ``/v2/models/{name}[/versions/{rev}][/ready|/infer]``: the endpoint ``{name}``.
+- ``/v2/models/{name}[/versions/{rev}][/ready|/infer|/generate|/generate_stream]``: the
+  endpoint ``{name}`` (``generate_stream`` is streamed through as it comes).
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ from typing import Any
 
 from ray import serve
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from michelangelo.lib.serving._binary import read_body, render
 from michelangelo.lib.serving._errors import HTTPError, MethodNotAllowed, NotFound, NotReady
-from michelangelo.lib.serving._routes import EXTENSIONS, server_metadata
+from michelangelo.lib.serving._routes import EXTENSIONS, is_stream_path, server_metadata
 
 logger = logging.getLogger("michelangelo.serving")
 # Deployment names start with a letter or digit, so no endpoint can take this name.
@@ -74,6 +75,8 @@ class Gateway:
     async def __call__(self, request: Request) -> Response:
         parts = [p for p in request.url.path.split("/") if p]
         try:
+            if parts[1:2] == ["models"] and len(parts) >= 3 and is_stream_path(request.url.path):
+                return await self._forward_stream(request, parts[2])
             if parts[1:2] == ["models"] and len(parts) >= 3:
                 status, headers, content = await self._forward(request, parts[2])
             else:
@@ -125,6 +128,16 @@ class Gateway:
         body = await read_body(request, endpoint.max_request_bytes)
         return await endpoint.handle.answer.remote(request.method, request.url.path, headers,
                                                    body)
+
+    async def _forward_stream(self, request: Request, name: str) -> Response:
+        endpoint = await self._endpoint(name)
+        headers = {k.lower(): v for k, v in request.headers.items()}
+        body = await read_body(request, endpoint.max_request_bytes)
+        # Cancelled with this request when the client goes away, which stops the replica's.
+        chunks = endpoint.handle.options(stream=True).answer_stream.remote(
+            request.method, request.url.path, headers, body)
+        status, out_headers = await anext(chunks)
+        return StreamingResponse(chunks, status_code=status, headers=out_headers)
 
     async def _endpoint(self, name: str) -> _Endpoint:
         known = self._endpoints.get(name)

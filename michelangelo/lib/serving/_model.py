@@ -33,6 +33,9 @@ class ServedModel:
         # A tensor example is called as model(x); a dict example as model(**inputs).
         self.keyword_inputs = self.input_names != ["input"]
         self._bf16_inputs = [s["name"] for s in signature["inputs"] if s["datatype"] == "BF16"]
+        # Set by load() for a revision registered with processing= (a text model).
+        self.processing: dict[str, Any] | None = None
+        self.tokenizer: Any = None
 
     @classmethod
     def load(cls, registry_url: str | None, spec: Any) -> ServedModel:
@@ -51,6 +54,13 @@ class ServedModel:
                 "revision_id": revision.revision_id, "weights_sha256": revision.weights_sha256}
         served = cls(model, _signature_of(revision), info)
         served.check_example(revision.input_example, _name(revision))
+        served.processing = getattr(revision, "processing", None)
+        if served.processing:
+            try:
+                served.tokenizer = registry.load_tokenizer(revision.spec)
+            except Exception as exc:
+                raise ReadinessError(f"{_name(revision)}: loading its tokenizer failed: "
+                                     f"{type(exc).__name__}: {exc}") from exc
         return served
 
     def check_example(self, example: Mapping[str, Any] | None, what: str) -> None:
@@ -104,20 +114,27 @@ class ServedModel:
 
     def forward_many(self, requests: Sequence[Mapping[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
         """Rows of several requests in ONE forward pass; each gets exactly its rows back."""
-        if len(requests) == 1:
-            return [self.forward(requests[0])]
-        counts = [len(r[self.input_names[0]]) for r in requests]
-        merged = {n: np.concatenate([r[n] for r in requests]) for n in self.input_names}
-        outputs = self.forward(merged)
-        total = sum(counts)
-        for name, value in outputs.items():
-            if value.ndim == 0 or value.shape[0] != total:
-                raise BadRequest(f"the model returned output {name!r} of shape "
-                                 f"{list(value.shape)} for {total} rows; it must return one "
-                                 "row per input row to be served in batches.")
-        bounds = np.cumsum(counts)[:-1]
-        split = {name: np.split(value, bounds) for name, value in outputs.items()}
-        return [{name: parts[i] for name, parts in split.items()} for i in range(len(requests))]
+        return forward_rows(self.forward, requests)
+
+
+def forward_rows(forward: Any, requests: Sequence[Mapping[str, np.ndarray]]
+                 ) -> list[dict[str, np.ndarray]]:
+    """``forward`` once over the rows of all ``requests``; each gets exactly its rows back."""
+    if len(requests) == 1:
+        return [forward(requests[0])]
+    names = list(requests[0])
+    counts = [len(r[names[0]]) for r in requests]
+    merged = {n: np.concatenate([r[n] for r in requests]) for n in names}
+    outputs = forward(merged)
+    total = sum(counts)
+    for name, value in outputs.items():
+        if value.ndim == 0 or value.shape[0] != total:
+            raise BadRequest(f"the model returned output {name!r} of shape "
+                             f"{list(value.shape)} for {total} rows; it must return one "
+                             "row per input row to be served in batches.")
+    bounds = np.cumsum(counts)[:-1]
+    split = {name: np.split(value, bounds) for name, value in outputs.items()}
+    return [{name: parts[i] for name, parts in split.items()} for i in range(len(requests))]
 
 
 def _numpy(value: Any) -> np.ndarray:

@@ -16,7 +16,8 @@ import numpy as np
 from michelangelo.lib.serving._binary import BinaryReader, from_bytes, to_bytes
 from michelangelo.lib.serving._errors import BadRequest
 
-# OIP datatype -> numpy dtype. BYTES is left out: no registered model takes strings yet.
+# OIP datatype -> numpy dtype. BYTES tensors are object arrays holding ``bytes`` (UTF-8 text
+# in JSON, length-prefixed in binary).
 DATATYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype(np.bool_),
     "UINT8": np.dtype(np.uint8),
@@ -32,6 +33,7 @@ DATATYPES: dict[str, np.dtype] = {
     "BF16": np.dtype(np.float32),
     "FP32": np.dtype(np.float32),
     "FP64": np.dtype(np.float64),
+    "BYTES": np.dtype(object),
 }
 _BY_DTYPE = {dtype: name for name, dtype in DATATYPES.items() if name != "BF16"}
 # Which JSON number kinds each datatype accepts: no silent float -> int truncation.
@@ -39,13 +41,37 @@ _ACCEPTS = {"b": "b", "u": "biu", "i": "biu", "f": "biuf"}
 
 
 def datatype_of(array: np.ndarray) -> str:
-    """The OIP datatype name of ``array``'s dtype (BF16 and others are widened to FP32)."""
+    """The OIP datatype name of ``array``'s dtype (BF16 and others are widened to FP32).
+
+    Strings, bytes and object arrays are ``BYTES``.
+    """
+    if array.dtype.kind in "OSU":
+        return "BYTES"
     return _BY_DTYPE.get(array.dtype, "FP32")
+
+
+def as_bytes_array(name: str, array: np.ndarray) -> np.ndarray:
+    """``array`` (strings, bytes or objects holding them) as an object array of ``bytes``."""
+    out = np.empty(array.shape, dtype=object)
+    flat, target = array.reshape(-1), out.reshape(-1)
+    for i, value in enumerate(flat):
+        if isinstance(value, np.bytes_ | bytes):
+            target[i] = bytes(value)
+        elif isinstance(value, np.str_ | str):
+            target[i] = str(value).encode("utf-8")
+        else:
+            raise BadRequest(
+                f"input {name!r}: datatype BYTES takes strings, but element {i} is "
+                f"{_short(value.item() if isinstance(value, np.generic) else value)}. Fix: send "
+                'each element as a JSON string, e.g. "data": ["hello"].')
+    return out
 
 
 def to_array(name: str, data: Any, datatype: str, shape: list[int] | None) -> np.ndarray:
     """``data`` (flat or nested JSON numbers) as an array of ``datatype`` and ``shape``."""
     dtype = DATATYPES[datatype]
+    if datatype == "BYTES":
+        return _to_bytes_array(name, data, shape)
     try:
         raw = np.asarray(data)
     except (ValueError, TypeError):
@@ -74,6 +100,30 @@ def to_array(name: str, data: Any, datatype: str, shape: list[int] | None) -> np
                 f"input {name!r}: shape {shape} needs {int(np.prod(shape))} values, but data "
                 f"has {array.size}. Fix: make 'shape' match the data."
             )
+        array = array.reshape(shape)
+    return array
+
+
+def _to_bytes_array(name: str, data: Any, shape: list[int] | None) -> np.ndarray:
+    if isinstance(data, str):
+        data = [data]
+    if not isinstance(data, list):
+        raise BadRequest(f"input {name!r}: datatype BYTES takes a list of strings, got "
+                         f"{_short(data)}. Fix: send e.g. [\"hello\", \"world\"].")
+    try:
+        raw = np.array(data, dtype=object)
+    except (ValueError, TypeError):
+        raw = None
+    if raw is None or any(isinstance(v, list) for v in raw.reshape(-1)):
+        raise BadRequest(
+            f"input {name!r}: data is a ragged nested list; every row must have the same "
+            "length. Fix: send a rectangular list (or a flat list with 'shape').")
+    array = as_bytes_array(name, raw)
+    if shape is not None:
+        if array.size != int(np.prod(shape)):
+            raise BadRequest(
+                f"input {name!r}: shape {shape} needs {int(np.prod(shape))} values, but data "
+                f"has {array.size}. Fix: make 'shape' match the data.")
         array = array.reshape(shape)
     return array
 
@@ -293,6 +343,8 @@ def encode_infer_outputs(outputs: Mapping[str, np.ndarray], names: list[str] | N
             raw = to_bytes(array, datatype)
             entry["parameters"] = {"binary_data_size": len(raw)}
             tail.append(raw)
+        elif datatype == "BYTES":
+            entry["data"] = _texts(name, array).reshape(-1).tolist()
         else:
             _check_finite(f"the model's output {name!r}", array,
                           "JSON cannot carry it. Fix: ask for this output as binary data "
@@ -302,8 +354,27 @@ def encode_infer_outputs(outputs: Mapping[str, np.ndarray], names: list[str] | N
     return tensors, b"".join(tail)
 
 
+def _texts(name: str, array: np.ndarray) -> np.ndarray:
+    """A BYTES output as an object array of ``str`` (JSON carries text, not raw bytes)."""
+    out = np.empty(array.shape, dtype=object)
+    target = out.reshape(-1)
+    for i, value in enumerate(array.reshape(-1)):
+        if isinstance(value, bytes | np.bytes_):
+            try:
+                value = bytes(value).decode("utf-8")
+            except UnicodeDecodeError:
+                raise BadRequest(
+                    f"the model's output {name!r} element {i} is not UTF-8 text, which JSON "
+                    "cannot carry. Fix: ask for this output as binary data "
+                    "(parameters.binary_data_output).") from None
+        target[i] = str(value)
+    return out
+
+
 def json_rows(name: str, array: np.ndarray) -> Any:
     """An output as nested lists for the simple form (refused if JSON cannot carry it)."""
+    if datatype_of(array) == "BYTES":
+        return _texts(name, array).tolist()
     _check_finite(f"the model's output {name!r}", array,
                   "JSON cannot carry it. Fix: use the Open Inference Protocol's infer path with "
                   "binary output, or check the model on this input.")

@@ -113,3 +113,44 @@ def register_brittle(registry, model_name: str = "rows", seed: int = 2, features
                              create_model_fn=create_brittle,
                              create_model_fn_kwargs={"features": features},
                              input_example=torch.randn(2, features))
+
+
+TEXT_VOCAB = " abcdefghijklmnopqrstuvwxyz.,!?"
+
+
+class TinyCausalLM(nn.Module):
+    """One causal self-attention layer over characters: token ids in, logits out.
+
+    Each position sees only itself and earlier positions (``is_causal``), as in any GPT.
+    """
+
+    def __init__(self, vocab_size: int = len(TEXT_VOCAB), width: int = 16,
+                 context: int = 32) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab_size, width)
+        self.position = nn.Embedding(context, width)
+        self.qkv = nn.Linear(width, 3 * width)
+        self.head = nn.Linear(width, vocab_size)
+
+    def forward(self, input_ids: torch.Tensor) -> dict[str, torch.Tensor]:
+        positions = torch.arange(input_ids.shape[1])
+        h = self.embed(input_ids) + self.position(positions)
+        q, k, v = self.qkv(h).chunk(3, dim=-1)
+        h = h + torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return {"logits": self.head(h) * 4.0}
+
+
+def create_tiny_causal_lm(**kwargs) -> nn.Module:
+    return TinyCausalLM(**kwargs)
+
+
+def register_text_model(registry, model_name: str = "chars", seed: int = 0, **processing):
+    from michelangelo.lib.model_registry import CharacterTokenizer
+
+    torch.manual_seed(seed)
+    tokenizer = CharacterTokenizer(TEXT_VOCAB)
+    example = torch.tensor([tokenizer.encode("hello there"), tokenizer.encode("a lighthouse")[:11]])
+    return registry.register(
+        "serving", model_name, model=create_tiny_causal_lm(), create_model_fn=create_tiny_causal_lm,
+        input_example=example, tokenizer=tokenizer,
+        processing={"task": "text-generation", "max_tokens": 8, "max_context": 32, **processing})

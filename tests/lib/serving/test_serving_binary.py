@@ -34,6 +34,7 @@ ARRAYS = {
     "BF16": np.array([[-1.5, 0.0, 3.0e38]], dtype=ml_dtypes.bfloat16),
     "FP32": np.array([[-1.5, 1e-30, 3.0e38]], dtype=np.float32),
     "FP64": np.array([[-1.5, 1e-300, 1e300]], dtype=np.float64),
+    "BYTES": np.array([[b"", "h\u00e9llo".encode(), b"\x00\xff raw"]], dtype=object),
 }
 
 
@@ -189,3 +190,71 @@ def test_non_finite_outputs_never_leave_as_bare_json():
     assert status == 400 and "output 'y'" in json.loads(content)["error"]
     with pytest.raises(ValueError):
         render({"x": float("nan")})  # the last guard: never a bare NaN on the wire
+
+
+def test_bytes_tensors_in_json_and_binary_both_ways_with_tritonclient():
+    sig = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
+           "outputs": [{"name": "upper", "datatype": "BYTES", "shape": [-1]}]}
+
+    async def upper(arrays):
+        return {"upper": np.array([t.upper() for t in arrays["text"]], dtype=object)}
+
+    routes = Routes("m", INFO, sig, upper)
+    assert routes.metadata()["inputs"][0]["datatype"] == "BYTES"
+    texts = np.array(["caf\u00e9 au lait".encode(), b"", b"a b"], dtype=object)
+    for binary in (True, False):
+        tensor = triton.InferInput("text", [3], "BYTES")
+        tensor.set_data_from_numpy(texts, binary_data=binary)
+        out = [triton.InferRequestedOutput("upper", binary_data=binary)]
+        body, size = triton.InferenceServerClient.generate_request_body([tensor], outputs=out)
+        headers = {} if size is None else {"inference-header-content-length": str(size)}
+        status, (content, answer_headers) = _answer(routes, body, headers)
+        assert status == 200, content
+        result = _triton_result(content, answer_headers)
+        assert result.get_output("upper")["datatype"] == "BYTES"
+        want = [t.upper() for t in texts]
+        # tritonclient gives bytes for binary outputs and the JSON strings as they came.
+        got = [g if binary else g.encode() for g in result.as_numpy("upper")]
+        assert got == want
+    # The simple form: a list of strings in, strings out.
+    status, (content, _) = _answer(routes, json.dumps({"inputs": ["ab", "c\u00e9"]}).encode(),
+                                   {}, path="/")
+    # bytes.upper() changes ASCII letters only.
+    assert status == 200 and json.loads(content)["predictions"] == ["AB", "C\u00e9"]
+
+
+@pytest.mark.parametrize("tensor, fragment", [
+    ({"data": [1, 2]}, "takes strings"),
+    ({"data": [["a"], ["b", "c"]], "shape": [2]}, "ragged"),
+    ({"data": ["a", "b"], "shape": [3]}, "needs 3 values"),
+    ({"data": {"a": 1}}, "list of strings"),
+])
+def test_malformed_bytes_json_is_400_naming_the_tensor(tensor, fragment):
+    sig = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
+           "outputs": [{"name": "y", "datatype": "BYTES", "shape": [-1]}]}
+    entry = {"name": "text", "datatype": "BYTES", "shape": [2], **tensor}
+    with pytest.raises(BadRequest, match=fragment) as info:
+        decode_infer({"inputs": [entry]}, sig)
+    assert "'text'" in str(info.value)
+
+
+@pytest.mark.parametrize("raw, fragment", [
+    (b"\x05\x00\x00\x00ab", "says 5 bytes"),
+    (b"\x01\x00\x00\x00a", "ends after 1 of 2"),
+    (b"\x01\x00\x00\x00a\x01\x00\x00\x00b\x00", "1 bytes follow"),
+])
+def test_malformed_binary_bytes_are_400_with_the_reason(raw, fragment):
+    sig = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [-1]}],
+           "outputs": [{"name": "y", "datatype": "BYTES", "shape": [-1]}]}
+    header = {"inputs": [{"name": "text", "shape": [2], "datatype": "BYTES",
+                          "parameters": {"binary_data_size": len(raw)}}]}
+    with pytest.raises(BadRequest, match=fragment):
+        decode_infer(header, sig, raw)
+
+
+def test_bytes_outputs_that_are_not_utf8_must_be_asked_for_in_binary():
+    raw = np.array([b"\xff\xfe"], dtype=object)
+    with pytest.raises(BadRequest, match=r"output 'y' element 0 is not UTF-8.*binary"):
+        encode_infer_outputs({"y": raw})
+    tensors, tail = encode_infer_outputs({"y": raw}, binary={"y"})
+    assert tensors[0]["datatype"] == "BYTES" and tail == b"\x02\x00\x00\x00\xff\xfe"

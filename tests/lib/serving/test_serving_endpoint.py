@@ -337,6 +337,113 @@ def test_batching_counts_rows_and_returns_each_request_its_rows(env):
     assert max(r[0] for r in body["predictions"]["batch_rows"]) <= MAX_BATCH
 
 
+def _sse(response):
+    """Server-sent events read line by line as they arrive: the ``data:`` payloads."""
+    events = []
+    for line in response.iter_lines(decode_unicode=True):
+        if line.startswith("data: "):
+            events.append(json.loads(line[len("data: "):]))
+            yield events[-1]
+        else:
+            assert line == "", line  # events are separated by one blank line
+
+
+def _decoding_steps(name):
+    from ray import serve
+
+    return serve.get_app_handle(name).describe.remote().result(timeout_s=60)["decoding_steps"]
+
+
+def test_a_text_model_takes_text_batches_prompts_and_streams_over_http(env):
+    import requests
+    import tritonclient.http as triton
+
+    registry, base = env["registry"], f"http://127.0.0.1:{env['port']}"
+    spec = serving_models.register_text_model(registry, max_tokens_limit=100_000)
+    chars = serving.deploy(spec, name="chars", registry=registry, port=env["port"],
+                           max_batch_size=8, batch_wait_timeout_s=0.05)
+    prompts = ["a", "the keeper wrote", "fog in the bay, the light was lit", "hello there"]
+    try:
+        # Alone first, then all at once from threads: each gets exactly its own continuation.
+        alone = {}
+        for p in prompts:
+            status, out = _request("POST", f"{base}/v2/models/chars/generate",
+                                   {"text_input": p, "parameters": {"max_tokens": 10}})
+            assert status == 200 and len(out["text_output"]) == 10, out
+            alone[p] = out["text_output"]
+        assert len(set(alone.values())) > 1
+        together, errors = {}, []
+
+        def ask(p, path):
+            status, out = _request("POST", path, {"text_input": p,
+                                                  "parameters": {"max_tokens": 10}})
+            (together.setdefault(p, []).append(out["text_output"]) if status == 200
+             else errors.append(out))
+
+        threads = [threading.Thread(target=ask, args=(p, url)) for p in prompts for url in
+                   (f"{base}/v2/models/chars/generate", f"{chars.url}/v2/models/chars/generate")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors and together == {p: [alone[p]] * 2 for p in prompts}
+        # The simple form and BYTES through the real tritonclient with its defaults.
+        status, out = _request("POST", chars.url, {"inputs": prompts[:2]})
+        assert status == 200 and [len(t) for t in out["predictions"]] == [8, 8]
+        client = triton.InferenceServerClient(f"127.0.0.1:{env['port']}")
+        try:
+            meta = client.get_model_metadata("chars")
+            assert meta["inputs"] == [{"name": "text_input", "datatype": "BYTES", "shape": [-1]}]
+            assert meta["outputs"][0]["datatype"] == "BYTES"
+            tensor = triton.InferInput("text_input", [2], "BYTES")
+            tensor.set_data_from_numpy(np.array([p.encode() for p in prompts[:2]], dtype=object))
+            result = client.infer("chars", [tensor])
+            assert [t.decode() for t in result.as_numpy("text_output")] == out["predictions"]
+        finally:
+            client.close()
+        # generate_stream: one event per token, ends cleanly, at the root and under the prefix.
+        for url in (f"{base}/v2/models/chars/generate_stream",
+                    f"{chars.url}/v2/models/chars/generate_stream"):
+            with requests.post(url, json={"text_input": prompts[1],
+                                          "parameters": {"max_tokens": 10}},
+                               stream=True, timeout=120) as response:
+                assert response.status_code == 200
+                assert response.headers["content-type"].startswith("text/event-stream")
+                events = list(_sse(response))
+            assert len(events) == 10 and all(e["model_name"] == "chars" for e in events)
+            assert "".join(e["text_output"] for e in events) == alone[prompts[1]]
+            bad = requests.post(url, json={"text_input": "a", "parameters": {"max_tokens": -1}},
+                                timeout=60)
+            assert bad.status_code == 400 and "max_tokens" in bad.json()["error"]
+        # The Python face: Deployment.generate / generate_stream, errors with the reason.
+        assert chars.generate(prompts[1], max_tokens=10) == alone[prompts[1]]
+        assert "".join(chars.generate_stream(prompts[1], max_tokens=10)) == alone[prompts[1]]
+        with pytest.raises(serving.HTTPError, match="temperature") as caught:
+            list(chars.generate_stream("a", temperature="hot"))
+        assert caught.value.status == 400
+        # A client that goes away mid-stream stops the generation (100000 tokens asked).
+        for url in (f"{chars.url}/v2/models/chars/generate_stream",
+                    f"{base}/v2/models/chars/generate_stream"):
+            before = _decoding_steps("chars")
+            response = requests.post(url, json={"text_input": "fog",
+                                                "parameters": {"max_tokens": 100_000}},
+                                     stream=True, timeout=120)
+            events = _sse(response)
+            assert next(events)["text_output"] and next(events)["text_output"]
+            response.close()
+            steps, deadline = _decoding_steps("chars"), time.monotonic() + 180
+            while time.monotonic() < deadline:
+                time.sleep(3)
+                now = _decoding_steps("chars")
+                if now == steps:
+                    break
+                steps = now
+            assert steps == _decoding_steps("chars"), "the generation went on after the client left"
+            assert steps - before < 50_000, steps - before
+    finally:
+        chars.delete()
+
+
 def test_failed_readiness_fails_the_deploy_with_the_reason(env):
     with pytest.raises(serving.DeploymentError, match="differs from the one recorded"):
         serving.deploy(env["specs"]["drifting"], name="drifting", registry=env["registry"],
