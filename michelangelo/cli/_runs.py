@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from michelangelo.cli._report import report
-from michelangelo.uniflow.core import Usage, phases_line, task_usage, usage_line
+from michelangelo.uniflow.core import time_and_resources
 from michelangelo.uniflow.core.errors import RunNotFoundError
 from michelangelo.uniflow.core.plugin import RunStore, Storage
 
@@ -113,20 +113,16 @@ def show(run_id: str, storage_url: str | None) -> None:
 
 def _print_time_and_resources(tasks: list) -> None:
     """Each task's phases and resource-hours, then the run's total (when any were recorded)."""
-    lines = []
-    total = Usage()
-    for task in tasks:
-        phases, usage = phases_line(task), usage_line(task)
-        if not (phases or usage):
-            continue
-        total = total + task_usage(task)
-        lines.append(f"  {task.call_id}")
-        lines += [f"    {text}" for text in (phases, usage) if text]
-    if not lines:
+    rows, total = time_and_resources(tasks)
+    if not rows:
         return
     click.echo("where the time went:")
-    for line in lines:
-        click.echo(line)
+    for task, phases, held in rows:
+        click.echo(f"  {task.call_id}")
+        if phases:
+            click.echo("    " + " · ".join(f"{name} {seconds:.1f}s" for name, seconds in phases))
+        if held:
+            click.echo(f"    {held}")
     click.echo(f"run total: {total.describe()}")
 
 

@@ -31,11 +31,11 @@ from michelangelo.uniflow.core._runtime import current_call
 from michelangelo.uniflow.core._task import Task, task
 from michelangelo.uniflow.core._usage import (
     Usage,
-    phases_line,
     record_phases,
     record_resources,
     task_phases,
     task_usage,
+    time_and_resources,
     usage_line,
 )
 from michelangelo.uniflow.core._workflow import Workflow, workflow
@@ -66,7 +66,6 @@ __all__ = [
     "console_stream",
     "create_context",
     "current_call",
-    "phases_line",
     "record_artifact",
     "record_phases",
     "record_resources",
@@ -76,6 +75,7 @@ __all__ = [
     "task",
     "task_phases",
     "task_usage",
+    "time_and_resources",
     "usage_line",
     "workflow",
 ]

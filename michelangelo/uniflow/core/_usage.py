@@ -84,9 +84,18 @@ def task_usage(record: TaskRecord) -> Usage:
     return total
 
 
-def phases_line(record: TaskRecord) -> str:
-    """``cluster start 12.1s · fit 30.2s`` for the task, or ``""``."""
-    return " · ".join(f"{name} {seconds:.1f}s" for name, seconds in task_phases(record))
+def time_and_resources(records: list[TaskRecord]
+                       ) -> tuple[list[tuple[TaskRecord, list[tuple[str, float]], str]], Usage]:
+    """``(task, its phases, its usage line)`` for each task that recorded either, and the
+    run's total resource-hours: what ``runs show`` and the report print."""
+    rows = []
+    total = Usage()
+    for record in records:
+        phases, held = task_phases(record), usage_line(record)
+        if phases or held:
+            rows.append((record, phases, held))
+            total = total + task_usage(record)
+    return rows, total
 
 
 def usage_line(record: TaskRecord) -> str:

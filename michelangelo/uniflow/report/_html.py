@@ -16,7 +16,7 @@ import posixpath
 from collections import defaultdict
 from typing import Any
 
-from michelangelo.uniflow.core import Usage, task_phases, task_usage, usage_line
+from michelangelo.uniflow.core import time_and_resources
 from michelangelo.uniflow.core.errors import RunNotFoundError
 from michelangelo.uniflow.core.plugin import RunRecord, RunStore, Storage, TaskRecord
 from michelangelo.uniflow.report._svg import line_chart, timeline
@@ -136,20 +136,16 @@ def _tasks_section(tasks: list[TaskRecord]) -> str:
 
 def _time_and_resources_section(tasks: list[TaskRecord]) -> str:
     """Each task's phases (seconds) and the resource-hours it held; the run's total."""
-    rows = []
-    total = Usage()
-    for task in tasks:
-        phases, held = task_phases(task), usage_line(task)
-        if not (phases or held):
-            continue
-        total = total + task_usage(task)
-        steps = "".join(f"<li>{_e(name)}: {seconds:.1f} s</li>" for name, seconds in phases)
-        rows.append(f"<tr><td>{_e(task.call_id)}</td><td><ul>{steps}</ul></td>"
-                    f"<td>{_e(held)}</td></tr>")
+    rows, total = time_and_resources(tasks)
     if not rows:
         return ""
+    cells = []
+    for task, phases, held in rows:
+        steps = "".join(f"<li>{_e(name)}: {seconds:.1f} s</li>" for name, seconds in phases)
+        cells.append(f"<tr><td>{_e(task.call_id)}</td><td><ul>{steps}</ul></td>"
+                     f"<td>{_e(held)}</td></tr>")
     head = "<tr><th>task</th><th>phases</th><th>resources held</th></tr>"
-    return (f"<h2>Where the time went</h2><table id=\"phases\">{head}{''.join(rows)}</table>"
+    return (f"<h2>Where the time went</h2><table id=\"phases\">{head}{''.join(cells)}</table>"
             f"<div class=\"muted\">run total: {_e(total.describe())}</div>")
 
 

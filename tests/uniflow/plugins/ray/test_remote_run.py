@@ -238,37 +238,11 @@ def test_version_mismatch_names_both_sides(cluster):
     assert f"Ray {live['ray']} on Python {live['python']}" in message
 
 
-def test_ctrl_c_stops_the_running_job(cluster, storage):
+def _ctrl_c_once_sleepers_run(cluster, storage, workflow: str, count: int) -> list[str]:
+    """Start ``workflow`` (sleepers of 300 s), press Ctrl-C once ``count`` of its sleeper
+    jobs run, and return the jobs' end states."""
     env = cluster.client_env(storage)
-    env.update(WF="slow", WF_SECONDS="300")
-    proc = subprocess.Popen([sys.executable, WORKFLOWS, "remote-run", "--ray-address",
-                             cluster.dashboard_url], env=env, cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    client = _jobs(cluster)
-    job = None
-    deadline = time.monotonic() + 300
-    try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            running = [j for j in client.list_jobs()
-                       if "sleeper" in (j.submission_id or "") and j.status == "RUNNING"
-                       and "sleeper started" in client.get_job_logs(j.submission_id)]
-            if running:
-                job = running[0].submission_id
-                break
-            time.sleep(0.5)
-        assert job is not None, "the sleeper job never started"
-        proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode != 0
-    assert str(client.get_job_status(job)) in ("STOPPED", "JobStatus.STOPPED")
-
-
-def test_ctrl_c_stops_every_running_branch_job(cluster, storage):
-    env = cluster.client_env(storage)
-    env.update(WF="slow_batch", WF_SECONDS="300")
+    env.update(WF=workflow, WF_SECONDS="300")
     proc = subprocess.Popen([sys.executable, WORKFLOWS, "remote-run", "--ray-address",
                              cluster.dashboard_url], env=env, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -278,19 +252,27 @@ def test_ctrl_c_stops_every_running_branch_job(cluster, storage):
     try:
         while time.monotonic() < deadline and proc.poll() is None:
             jobs = [j.submission_id for j in client.list_jobs()
-                    if "sleeper[" in (j.submission_id or "") and j.status == "RUNNING"
+                    if "sleeper" in (j.submission_id or "") and j.status == "RUNNING"
                     and "sleeper started" in client.get_job_logs(j.submission_id)]
-            if len(jobs) == 2:
+            if len(jobs) == count:
                 break
             time.sleep(0.5)
-        assert len(jobs) == 2, f"the two sleeper jobs never ran together: {jobs}"
+        assert len(jobs) == count, f"{count} sleeper job(s) never ran at once: {jobs}"
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=180)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode != 0
-    assert [str(client.get_job_status(job)).split(".")[-1] for job in jobs] == ["STOPPED"] * 2
+    return [str(client.get_job_status(job)).split(".")[-1] for job in jobs]
+
+
+def test_ctrl_c_stops_the_running_job(cluster, storage):
+    assert _ctrl_c_once_sleepers_run(cluster, storage, "slow", 1) == ["STOPPED"]
+
+
+def test_ctrl_c_stops_every_running_branch_job(cluster, storage):
+    assert _ctrl_c_once_sleepers_run(cluster, storage, "slow_batch", 2) == ["STOPPED"] * 2
 
 
 def _job_python(tmp_path, *, site_packages: bool) -> str:
