@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from michelangelo.errors import ServiceError
 
-class SandboxError(RuntimeError):
+
+class SandboxError(ServiceError, RuntimeError):
     """A sandbox step could not be done; the message names the command and the fix."""

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from michelangelo.errors import InputError, MichelangeloError
 
-class ServingError(Exception):
+
+class ServingError(MichelangeloError):
     """Root of the serving errors raised on the driver (deploy, lookup, readiness)."""
 
 
@@ -18,7 +20,7 @@ class DeploymentError(ServingError):
     """A deployment could not be created or updated; the message says why and the fix."""
 
 
-class DeploymentNotFoundError(ServingError, LookupError):
+class DeploymentNotFoundError(ServingError, InputError, LookupError):
     """No deployment of that name on the connected cluster."""
 
 

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-
-class UniflowError(Exception):
-    """Root of every error uniflow raises itself."""
-
-    def __reduce__(self):  # keep the type across Ray process boundaries
-        return (type(self), self.args)
+from michelangelo.errors import InputError, MichelangeloError, ServiceError
 
 
-class UserError(UniflowError, ValueError):
+class UniflowError(MichelangeloError):
+    """Root of every error uniflow raises itself (a ``MichelangeloError``)."""
+
+
+class UserError(UniflowError, InputError, ValueError):
     """Something the user asked for cannot work; the message says how to fix it."""
 
 
-class TaskTimeoutError(UniflowError, TimeoutError):
+class TaskTimeoutError(UniflowError, ServiceError, TimeoutError):
     """A task ran longer than its ``timeout``."""
 
 
@@ -22,7 +21,7 @@ class RunNotFoundError(UserError):
     """A run id that storage does not know."""
 
 
-class ClusterError(UniflowError):
+class ClusterError(UniflowError, ServiceError):
     """A cluster could not be started, reached or kept alive."""
 
 

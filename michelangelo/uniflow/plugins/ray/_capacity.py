@@ -16,6 +16,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from michelangelo.errors import InputError
 from michelangelo.uniflow.plugins.ray._quantity import format_bytes
 
 if TYPE_CHECKING:
@@ -25,13 +26,10 @@ if TYPE_CHECKING:
 _IGNORED_PREFIXES = ("node:", "object_store_memory", "accelerator_type:")
 
 
-class CapacityError(ValueError):
+class CapacityError(InputError, ValueError):
     """A ``ScalingConfig`` asks for more than the cluster it runs on can hold."""
 
     uniflow_retryable = False  # retrying cannot make the cluster bigger
-
-    def __reduce__(self):  # survives the trip across Ray process boundaries
-        return (type(self), self.args)
 
 
 class ResourcesUnavailableError(CapacityError):

@@ -17,6 +17,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from michelangelo.errors import MichelangeloError
 from michelangelo.lib.trainer.torch.pytorch_lightning._preflight import build_meta_model
 
 __all__ = ["AFTER", "BEFORE", "ConfigureModelError", "MetaModels", "first_stage_that_fits", "has_configure_model",
@@ -120,7 +121,7 @@ def stage_on_worker(model: Any, check: Callable[[Any], object]) -> str:
         return AFTER
 
 
-class ConfigureModelError(RuntimeError):
+class ConfigureModelError(MichelangeloError, RuntimeError):
     """The user's ``configure_model()`` raised on a worker (the original is chained)."""
 
 

@@ -5,8 +5,9 @@ The Ray plugin loads this package through its entry point group; importing it re
 """
 
 from michelangelo.uniflow.plugins.ray.kuberay import _dispatch  # noqa: F401  (registration)
+from michelangelo.uniflow.plugins.ray.kuberay._fit import ClusterFitError
 from michelangelo.uniflow.plugins.ray.kuberay._gc import collect_garbage, managed_clusters
-from michelangelo.uniflow.plugins.ray.kuberay._kube import KubeApi, KubeTarget
+from michelangelo.uniflow.plugins.ray.kuberay._kube import KubeApi, KubeError, KubeTarget
 from michelangelo.uniflow.plugins.ray.kuberay._manifest import (
     container_resources,
     default_image,
@@ -18,7 +19,9 @@ from michelangelo.uniflow.plugins.ray.kuberay._service import (
 )
 
 __all__ = [
+    "ClusterFitError",
     "KubeApi",
+    "KubeError",
     "KubeTarget",
     "apply_ray_service",
     "collect_garbage",

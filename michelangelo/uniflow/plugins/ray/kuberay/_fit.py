@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any
 
+from michelangelo.errors import InputError
 from michelangelo.uniflow.plugins.ray.provisioning import format_bytes, parse_quantity
 
 _CHECKED = ("cpu", "memory", "nvidia.com/gpu", "ephemeral-storage")
@@ -22,13 +23,10 @@ WAIT_GCS_READY = {"name": "wait-gcs-ready",
                                 "limits": {"cpu": "200m", "memory": "256Mi"}}}
 
 
-class ClusterFitError(ValueError):
+class ClusterFitError(InputError, ValueError):
     """The RayCluster's pods cannot be placed on the Kubernetes cluster's nodes."""
 
     uniflow_retryable = False
-
-    def __reduce__(self):
-        return (type(self), self.args)
 
 
 @dataclass

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from michelangelo.errors import ServiceError
 from michelangelo.uniflow.core.errors import UserError
 from michelangelo.uniflow.plugins.ray.kuberay._portforward import PortForward
 
@@ -24,7 +25,7 @@ _KINDS = {
 }
 
 
-class KubeError(RuntimeError):
+class KubeError(ServiceError, RuntimeError):
     """The API server refused a request; ``status`` is its HTTP code, ``reason`` its words."""
 
     def __init__(self, message: str, *, status: int | None = None, reason: str = "") -> None:

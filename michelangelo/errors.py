@@ -1,0 +1,32 @@
+"""The SDK's one exception root, with user errors apart from system errors.
+
+Every error the SDK raises on purpose is a :class:`MichelangeloError`, so one ``except``
+catches them all. Two branches say whose move it is:
+
+- :class:`InputError`: what was asked cannot work (a field, a value, a shape, a name); the
+  message names it and the fix. Trying the same thing again fails the same way.
+- :class:`ServiceError`: something the SDK relies on failed (a Ray cluster, the Kubernetes
+  API server, the sandbox's tools, stored weights). Trying again later may work.
+
+The existing types keep their own bases as well (``UserError`` is still a ``ValueError``,
+``KubeError`` a ``RuntimeError``), so code that caught those goes on working.
+"""
+
+from __future__ import annotations
+
+__all__ = ["InputError", "MichelangeloError", "ServiceError"]
+
+
+class MichelangeloError(Exception):
+    """Root of every error the SDK raises on purpose."""
+
+    def __reduce__(self):  # keep the type across Ray process boundaries
+        return (type(self), self.args)
+
+
+class InputError(MichelangeloError):
+    """What was asked cannot work; the message names the field, the value and the fix."""
+
+
+class ServiceError(MichelangeloError):
+    """Something the SDK relies on failed; the message says what, and what was tried."""
