@@ -29,6 +29,21 @@ class TaskState(str, enum.Enum):
     def done_ok(self) -> bool:
         return self in (TaskState.SUCCEEDED, TaskState.CACHED, TaskState.REUSED)
 
+    @property
+    def is_final(self) -> bool:
+        """Whether no transition leaves this state."""
+        return self not in _TASK_TRANSITIONS
+
+    def can_become(self, other: TaskState) -> bool:
+        """Whether a task in this state may move to ``other`` (``running`` again: a retry)."""
+        return other in _TASK_TRANSITIONS.get(self, ())
+
+
+_TASK_TRANSITIONS = {
+    TaskState.PENDING: (TaskState.RUNNING, TaskState.CACHED, TaskState.REUSED),
+    TaskState.RUNNING: (TaskState.RUNNING, TaskState.SUCCEEDED, TaskState.FAILED),
+}
+
 
 class RunState(str, enum.Enum):
     RUNNING = "running"

@@ -380,10 +380,9 @@ class Run:
         value = self._load_output(previous.output)
         if value is _MISSING:
             return None
-        record.state = TaskState.REUSED
-        record.output = previous.output
-        record.source_run = previous.source_run or self.record.resumed_from
-        return (self._finish(record, value),)
+        self._transition(record, TaskState.REUSED, output=previous.output,
+                         source_run=previous.source_run or self.record.resumed_from)
+        return (value,)
 
     def _from_cache(self, record: TaskRecord) -> tuple[Any] | None:
         if record.key is None:
@@ -394,18 +393,29 @@ class Run:
         value = self._load_output(entry["output"])
         if value is _MISSING:
             return None
-        record.state = TaskState.CACHED
-        record.output = entry["output"]
-        record.source_run = entry.get("run_id")
-        return (self._finish(record, value),)
+        self._transition(record, TaskState.CACHED, output=entry["output"],
+                         source_run=entry.get("run_id"))
+        return (value,)
 
-    def _finish(self, record: TaskRecord, value: Any) -> Any:
+    def _transition(self, record: TaskRecord, state: TaskState, **fields: Any) -> None:
+        """The one way a task's state changes: checked, stamped, saved, then announced.
+
+        Raises:
+            RuntimeError: ``state`` does not follow the record's state (a uniflow bug).
+        """
+        if not record.state.can_become(state):
+            raise RuntimeError(
+                f"task {record.call_id}: {record.state.value} -> {state.value} is not a task "
+                "transition (a bug in uniflow; please report it)")
         now = time.time()
+        record.state = state
+        for name, value in fields.items():
+            setattr(record, name, value)
         record.started = record.started or now
-        record.ended = now
+        if state.is_final:
+            record.ended = now
         self.store.save_task(self.run_id, record)
         self.reporter.task_changed(record)
-        return value
 
     def _cache_entry(self, key: str) -> str:
         return self.storage.join("cache", f"{key}.json")
@@ -421,10 +431,7 @@ class Run:
         record.started = time.time()
         last_exc: BaseException | None = None
         for attempt in range(1, task.retries + 2):
-            record.attempts = attempt
-            record.state = TaskState.RUNNING
-            self.store.save_task(self.run_id, record)
-            self.reporter.task_changed(record)
+            self._transition(record, TaskState.RUNNING, attempts=attempt)
             info = CallInfo(self.run_id, record.call_id, task.name, attempt, self.storage, call_dir)
             log_path = self.store.log_path(self.run_id, record.call_id, attempt)
             token = set_current_call(info)
@@ -453,35 +460,24 @@ class Run:
                     continue
                 break
             except BaseException as exc:  # Ctrl-C, SystemExit: record and stop at once
-                record.state = TaskState.FAILED
-                record.error = _error_dict(exc)
-                record.ended = time.time()
-                self.store.save_task(self.run_id, record)
-                self.reporter.task_changed(record)
+                self._transition(record, TaskState.FAILED, error=_error_dict(exc))
                 raise
             finally:
                 reset_current_call(token)
                 with self._record_lock:
                     self._running.pop(record.call_id, None)
-            record.state = TaskState.SUCCEEDED
-            record.error = None
-            record.ended = time.time()
-            self.store.save_task(self.run_id, record)
-            if task.cache and record.key is not None:
+            if task.cache and record.key is not None:  # the output is already persisted
                 self.storage.write_json(
                     self._cache_entry(record.key),
                     {"output": record.output, "run_id": self.run_id, "task": task.identity},
                 )
-            self.reporter.task_changed(record)
+            self._transition(record, TaskState.SUCCEEDED, error=None)
             return travelling
 
         assert last_exc is not None
-        record.state = TaskState.FAILED
-        record.ended = time.time()
         assert record.error is not None
-        record.error["logs_command"] = self._logs_command(record.call_id)
-        self.store.save_task(self.run_id, record)
-        self.reporter.task_changed(record)
+        self._transition(record, TaskState.FAILED,
+                         error={**record.error, "logs_command": self._logs_command(record.call_id)})
         raise _summarized(_prefixed(last_exc, label), self.reporter)
 
     def _logs_command(self, call_id: str) -> str:

@@ -132,7 +132,9 @@ def test_cli_verbose_flag_streams_task_output(tmp_path, monkeypatch):
 
     from michelangelo.cli._main import cli
 
-    monkeypatch.delenv("UF_VERBOSE", raising=False)  # restored after the test
+    # setenv, not delenv: when the variable is unset, delenv records nothing to undo, and
+    # `--verbose` below sets it in this process for every later test (serving's quiet check).
+    monkeypatch.setenv("UF_VERBOSE", "0")
     workflow = tmp_path / "wf.py"
     workflow.write_text(
         "import michelangelo.uniflow.core as uniflow\n\n"

@@ -164,3 +164,52 @@ def test_storage_works_on_any_fsspec_url(monkeypatch):
     store = RunStore(Storage())
     assert store.storage.url == "memory://uniflow-test"
     assert store.load_tasks(ctx.last_run_id)[0].state == TaskState.SUCCEEDED
+
+
+def test_task_states_follow_one_lifecycle():
+    pending, running = TaskState.PENDING, TaskState.RUNNING
+    assert {s for s in TaskState if pending.can_become(s)} == {
+        running, TaskState.CACHED, TaskState.REUSED}
+    assert {s for s in TaskState if running.can_become(s)} == {
+        running, TaskState.SUCCEEDED, TaskState.FAILED}  # running again: the next attempt
+    for final in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CACHED, TaskState.REUSED):
+        assert final.is_final and not any(final.can_become(s) for s in TaskState)
+
+
+class _Transitions(Reporter):
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str, int]] = []
+
+    def task_changed(self, record) -> None:
+        self.seen.append((record.call_id, record.state.value, record.attempts))
+
+
+_FLAKY_CALLS: list[int] = []
+
+
+@uniflow.task(retries=1, cache=True)
+def _fails_once(x: int) -> int:
+    _FLAKY_CALLS.append(x)
+    if len(_FLAKY_CALLS) == 1:
+        raise RuntimeError("first attempt fails")
+    return x + 1
+
+
+@uniflow.workflow()
+def _twice(x: int) -> int:
+    return _fails_once(x) + _fails_once(x)
+
+
+def test_each_state_change_is_saved_and_announced_in_lifecycle_order():
+    _FLAKY_CALLS.clear()
+    reporter = _Transitions()
+    context = uniflow.Context(reporter=reporter)
+    assert context.run(_twice, 4) == 10
+    # A retry runs again, the second call is served from the cache the first one filled.
+    assert reporter.seen == [("001-_fails_once", "running", 1), ("001-_fails_once", "running", 2),
+                             ("001-_fails_once", "succeeded", 2),
+                             ("002-_fails_once", "cached", 0)]
+    saved = {r.call_id: r for r in RunStore(Storage()).load_tasks(context.last_run_id)}
+    assert saved["001-_fails_once"].state == TaskState.SUCCEEDED
+    assert saved["002-_fails_once"].state == TaskState.CACHED
+    assert all(r.started and r.ended and r.ended >= r.started for r in saved.values())
