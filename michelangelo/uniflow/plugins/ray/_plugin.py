@@ -233,6 +233,9 @@ def _quiet_ray_data(run: Run) -> Iterator[None]:
 class _DataWarnings(logging.Handler):
     """Ray Data warnings about CPUs (a job that would starve) go to the console once."""
 
+    #: How long a "no free CPU" warning waits for the cluster to report one before it is shown.
+    recheck_s = 5.0
+
     def __init__(self, run: Run) -> None:
         super().__init__(logging.WARNING)
         self.run = run
@@ -240,8 +243,30 @@ class _DataWarnings(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         with contextlib.suppress(Exception):
             message = record.getMessage()
-            if "CPU" in message:
-                self.run.warn(f"Ray Data: {message.strip().splitlines()[0]}")
+            if "CPU" not in message:
+                return
+            if _NO_FREE_CPU in message and _free_cpus_appear(self.recheck_s):
+                # Ray Data read the cluster's free CPUs once, before they were reported (a
+                # cluster just started, or a fit that just ended): nothing would hang.
+                logging.getLogger(__name__).debug("Ray Data's CPU warning was a stale view")
+                return
+            self.run.warn(f"Ray Data: {message.strip().splitlines()[0]}")
+
+
+_NO_FREE_CPU = "does not have any available CPUs"
+
+
+def _free_cpus_appear(within_s: float) -> bool:
+    """Whether the cluster reports a free CPU within ``within_s`` seconds."""
+    import ray
+
+    deadline = time.monotonic() + within_s
+    while True:
+        if ray.available_resources().get("CPU", 0) > 0:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.2)
 
 
 @contextlib.contextmanager
