@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -55,6 +56,15 @@ def _session_members(leaders):
         except OSError:
             continue
     return found
+
+
+def _ray_sessions_of(pid: int) -> set[int]:
+    """The Ray node processes (each the leader of its own session) that ``pid`` started."""
+    try:
+        return {p.pid for p in psutil.Process(pid).children()
+                if "ray" in " ".join(p.cmdline())}
+    except psutil.Error:
+        return set()
 
 
 @pytest.fixture
@@ -116,6 +126,8 @@ def test_serve_answers_then_ctrl_c_leaves_no_ray_process(tmp_path, cli_env, monk
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     lines = []
+    nodes: set[int] = set()
+    stopped = False  # whether serve went through its own Ctrl-C
     try:
         deadline = time.monotonic() + 540
         while time.monotonic() < deadline:
@@ -139,19 +151,25 @@ def test_serve_answers_then_ctrl_c_leaves_no_ray_process(tmp_path, cli_env, monk
         assert f"http://127.0.0.1:{port}/v2/models/cli-lin" in "".join(lines)
         log = lines[0].split("(logs: ", 1)[1].split(")", 1)[0]
         family = {p.pid for p in psutil.Process(proc.pid).children(recursive=True)}
-        nodes = {p.pid for p in psutil.Process(proc.pid).children()
-                 if "ray" in " ".join(p.cmdline())}
+        nodes = _ray_sessions_of(proc.pid)
         assert nodes, "serve started no Ray node of its own"
         proc.send_signal(signal.SIGINT)
         try:
             proc.wait(timeout=300)
         except subprocess.TimeoutExpired:
-            proc.kill()
             raise AssertionError("serve did not stop within 300 s of Ctrl-C; its output:\n"
-                                 + "".join(lines) + proc.stdout.read()) from None
+                                 + "".join(lines)) from None
+        stopped = True
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        if not stopped:
+            # A failed assertion above skipped the Ctrl-C: end serve's Ray nodes as well, so
+            # that a failing test leaves no cluster behind for the rest of the suite.
+            leftovers = nodes or _ray_sessions_of(proc.pid)
+            if proc.poll() is None:
+                proc.kill()
+            for pid in _session_members(leftovers):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
     assert proc.returncode == 130, "".join(lines) + proc.stdout.read()
     with open(log) as handle:
         assert "Serve" in handle.read()  # Serve's own lines were kept, in the log
