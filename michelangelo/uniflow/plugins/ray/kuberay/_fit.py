@@ -97,7 +97,7 @@ class RunFit:
         fits: Whether its pods fit the nodes now, next to the run's other clusters.
         waits_for: The run's clusters it must wait for when it does not fit now.
         need: Its pods' requests, summed, described.
-        free: What the nodes have free next to the run's clusters, summed, described.
+        free: What each node has free next to the run's clusters, described.
     """
 
     fits: bool
@@ -140,10 +140,10 @@ def fit_with_run(manifest: dict[str, Any], nodes: list[dict[str, Any]],
         _take(free, bound)
         _place(_unbound(pod_requests(cluster), bound), free)  # what is left over waits anyway
     wanted = pod_requests(manifest)
-    summed = _total([("", n.free) for n in free])
+    left = "; ".join(f"{n.name}: {_describe({k: max(v, Decimal(0)) for k, v in n.free.items()})}"
+                     for n in free)
     fits = _place(wanted, free) is None
-    return RunFit(fits, () if fits else tuple(sorted(names)), _describe(_total(wanted)),
-                  _describe({k: max(v, Decimal(0)) for k, v in summed.items()}))
+    return RunFit(fits, () if fits else tuple(sorted(names)), _describe(_total(wanted)), left)
 
 
 def copies_that_fit(manifests: list[dict[str, Any]], nodes: list[dict[str, Any]],
