@@ -97,7 +97,7 @@ def test_a_branch_cluster_fits_next_to_the_runs_others_until_the_nodes_are_full(
     assert not fit.fits
     assert fit.waits_for == ("uf-a", "uf-b")
     assert fit.need == "cpu 6, memory 20Gi"
-    assert fit.free.startswith("cpu 3.82")
+    assert fit.free.startswith("pool-1: cpu 1.91, memory ") and "; pool-2: cpu 1.91" in fit.free
     # Once the first has ended (its manifest gone, its pods too), the third fits.
     assert fit_with_run(third, nodes, [], [second]).fits
 
