@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from michelangelo.uniflow.core.errors import UserError
+from michelangelo.uniflow.core.errors import ClusterError, UserError
 from michelangelo.uniflow.core.plugin import Run, RunOption, register_run_option
 from michelangelo.uniflow.plugins.ray.kuberay._fit import (
     check_fit,
@@ -142,6 +142,7 @@ class RunClusters:
         self._clusters: list[KubeRayCluster] = []  # made by this run and not deleted yet
         self._holders: dict[str, str] = {}  # cluster name -> the call holding it
         self._retiring: list[KubeRayCluster] = []  # being deleted: their room is not free yet
+        self._closed = False  # the run is ending: no new cluster may start
         self._api: KubeApi | None = None
         run.add_cleanup(self.close)
 
@@ -187,6 +188,9 @@ class RunClusters:
         while True:
             retire: list[KubeRayCluster] = []
             with self._cond:
+                if self._closed:  # a branch still waiting when the run ends makes nothing
+                    raise ClusterError(f"{holder}: the run is ending; no RayCluster is made "
+                                       "for it")
                 idle = [c for c in self._clusters if c.name not in self._holders
                         and c.state == ClusterState.READY]
                 host = next((c for c in idle if c.can_host(config)), None)
@@ -293,6 +297,7 @@ class RunClusters:
     def close(self) -> None:
         """Delete every cluster of the run (at its end, however it ends), all at once."""
         with self._cond:
+            self._closed = True
             clusters, self._clusters = self._clusters + self._retiring, []
             self._retiring = []
             self._holders.clear()
