@@ -114,10 +114,77 @@ def test_quickstart_runs_through_kuberay_and_leaves_nothing(kube_cluster, api, s
     assert operator.errors == [] and kubelet.errors == []
 
 
-def test_sigterm_while_a_task_runs_deletes_its_cluster(kube_cluster, api, storage):
+def _ready_clusters(lines: list[str], task: str) -> set[str]:
+    return {ln.split("RayCluster default/", 1)[1].split(" ", 1)[0] for ln in lines
+            if f"RayCluster default/uf-{task}-" in ln and " ready; dashboard" in ln}
+
+
+def _failed_run_id(output: str) -> str:
+    for line in output.splitlines():
+        if "run " in line and " started" in line:
+            return line.split("run ", 1)[1].split()[0]
+    raise AssertionError(f"no run id in:\n{output[-3000:]}")
+
+
+def test_raytask_branches_get_a_raycluster_each_fit_together_and_resume_alone(
+        kube_cluster, api, storage, tmp_path):
+    """A batch of two RayTasks: a RayCluster each, at the same time (from the times their
+    bodies record). A branch that can never fit fails before any cluster starts. Two 3-CPU
+    branches (the bed's nodes have 4 and 2 CPU) take turns: one waits, says for what, and
+    then reuses the other's cluster; the second fails. --resume runs only the failed ones.
+    Every cluster is gone after each run."""
     plane, _, _ = kube_cluster
     env = _env(plane, storage)
-    env.update(WF="slow", WF_SECONDS="600")
+    flag = tmp_path / "flag"
+    env.update(WF="kuberay_fanout", WF_FOLDER=str(tmp_path), WF_FLAG=str(flag))
+    command = [sys.executable, WORKFLOWS, "remote-run", "--kuberay"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1200,
+                          cwd=REPO)
+    output = done.stdout + done.stderr
+    assert done.returncode != 0 and "FlagMissing: task 'hog' failed" in output, output[-6000:]
+    assert _no_clusters_left(api), output[-3000:]
+    lines = output.splitlines()
+    assert len(_ready_clusters(lines, "stamp")) == 2, output[-4000:]
+    assert any("2 branch(es) of stamp, 2 at once" in ln and "a RayCluster per branch" in ln
+               for ln in lines), output[-4000:]
+
+    def span(name):
+        return tuple(float((tmp_path / f"{name}.{moment}").read_text())
+                     for moment in ("start", "end"))
+
+    (start1, end1), (start2, end2) = span("stamp-1"), span("stamp-2")
+    assert max(start1, start2) < min(end1, end2)  # each began before the other ended
+    # the 64-CPU branch: its own error type, its name, the fix; no cluster was made for it
+    assert "ClusterFitError" in output and "task 002-huge failed" in output
+    assert "asks for cpu 64" in output and "Fix: shrink the RayTask's worker_* fields" in output
+    assert "provisioning RayCluster uf-huge-" not in output
+    waits = [ln for ln in lines if " waits for RayCluster(s) " in ln]
+    assert len(waits) == 1 and "hog waits" in waits[0] and "asks for cpu 3" in waits[0], waits
+    assert len(_ready_clusters(lines, "hog")) == 1, output[-4000:]  # the second reused it
+    first, second = sorted([span("hog-1"), span("hog-2")])
+    assert first[1] <= second[0]  # one after the other
+    assert sum(ln.endswith(" deleted") for ln in lines if "RayCluster default/" in ln) == 3
+
+    first_id = _failed_run_id(output)
+    flag.write_text("present")
+    again = subprocess.run([*command, "--resume", first_id], env=env, capture_output=True,
+                           text=True, timeout=1200, cwd=REPO)
+    output = again.stdout + again.stderr
+    assert again.returncode == 0, output[-6000:]
+    tasks = {r.call_id: r for r in RunStore(Storage(storage)).load_tasks(_run_id(again.stdout))}
+    states = {call_id: record.state for call_id, record in tasks.items()}
+    assert states == {"001-stamp[0]": TaskState.REUSED, "001-stamp[1]": TaskState.REUSED,
+                      "002-huge": TaskState.FAILED, "003-hog": TaskState.REUSED,
+                      "004-hog": TaskState.SUCCEEDED}, states
+    assert "provisioning RayCluster uf-stamp-" not in output
+    assert len(_ready_clusters(output.splitlines(), "hog")) == 1
+    assert _no_clusters_left(api), output[-3000:]
+
+
+def test_sigterm_while_branches_run_deletes_every_cluster(kube_cluster, api, storage):
+    plane, _, _ = kube_cluster
+    env = _env(plane, storage)
+    env.update(WF="slow_pair", WF_SECONDS="600")
     proc = subprocess.Popen([sys.executable, WORKFLOWS, "remote-run", "--kuberay"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=REPO)
@@ -125,20 +192,22 @@ def test_sigterm_while_a_task_runs_deletes_its_cluster(kube_cluster, api, storag
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             ready = [c for c in managed_clusters(api, None) if c.ready]
-            if ready:
+            if len(ready) == 2:
                 break
             assert proc.poll() is None, proc.stdout.read()[-3000:]
             time.sleep(1)
-        assert ready, "no RayCluster became ready"
-        assert ready[0].task == "sleeper"
-        time.sleep(3)  # let the job start
+        assert len(ready) == 2, "the two branches' RayClusters did not both become ready"
+        assert {c.task for c in ready} == {"nap"}
+        time.sleep(3)  # let the jobs start
         proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode != 0
-    assert "deleted" in output, output[-3000:]
+    deleted = {ln.split("RayCluster default/", 1)[1].split(" ", 1)[0]
+               for ln in output.splitlines() if ln.endswith(" deleted") and "RayCluster" in ln}
+    assert deleted == {c.name for c in ready}, output[-3000:]
     assert _no_clusters_left(api)
 
 

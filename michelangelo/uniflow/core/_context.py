@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,7 +103,30 @@ class Context:
             options=self.options,
         )
         self.last_run_id = run.run_id
-        return run.execute(body, args, kwargs)
+        with _sigterm_unwinds():
+            return run.execute(body, args, kwargs)
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """During a run, SIGTERM unwinds like Ctrl-C: branches stop and clusters are removed.
+
+    Only where nobody handles SIGTERM yet (the michelangelo CLI does so itself), and only in
+    the main thread, where Python runs signal handlers.
+    """
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) not in (signal.SIG_DFL, None)):
+        yield
+        return
+
+    def _interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def create_context(argv: Sequence[str] | None = None) -> Context:

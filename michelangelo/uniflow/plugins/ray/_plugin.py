@@ -55,8 +55,8 @@ class RayTaskPlugin(TaskPlugin):
     @contextlib.contextmanager
     def execution(self, config: RayTask, run: Run) -> Iterator[None]:
         if self.runs_elsewhere(config, run):
-            _remote_run.prepare(config, run)  # versions, capacity: before any job is sent
-            yield
+            with _remote_run.attempt(config, run):  # cluster, versions, capacity: then jobs
+                yield
             return
         asked = time.time()
         started_before = run.resources.get(_KEY)

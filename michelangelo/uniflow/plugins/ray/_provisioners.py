@@ -12,6 +12,7 @@ plugin never imports them: they import it and join its registries.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 from collections.abc import Callable
@@ -72,8 +73,16 @@ ENTRY_POINT_GROUP = "michelangelo.uniflow.plugins.ray"
 class RunClusters(Protocol):
     """The clusters one remote run's RayTasks are sent to, made by a run provisioner."""
 
-    def address_for(self, config: RayTask, task_name: str) -> str:
-        """The Jobs API address of a ready cluster that can hold ``config``."""
+    def lease(self, config: RayTask, task_name: str,
+              holder: str) -> contextlib.AbstractContextManager[str]:
+        """A ready cluster that can hold ``config``, for ``holder`` (a call id) alone.
+
+        Entering yields its Jobs API address; the cluster is the holder's until the block
+        ends (then a later RayTask may reuse it).
+        """
+
+    def plan_concurrency(self, configs: list[RayTask]) -> tuple[int, str]:
+        """How many branches of ``configs`` run at once, and the reason in words."""
 
     def publish(self, deployments: list[dict[str, Any]], config: RayTask, call_id: str,
                 project: Any) -> None:

@@ -11,6 +11,7 @@ entrypoint (``_remote_entry``) runs the body from the call description uniflow s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -19,6 +20,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 from michelangelo.uniflow.core import record_phases, record_resources
@@ -106,10 +108,11 @@ class _RemoteState:
                 "--storage-url with a place both can reach (s3://..., gs://..., a shared folder)."
             )
         self.run = run
-        self.cluster: JobsCluster | None = None
+        self._fixed: JobsCluster | None = None  # --ray-address: every job goes there
+        self._clients: dict[str, JobsCluster] = {}  # address -> client (versions checked)
+        # With a run provisioner each branch's attempt has its own cluster: per thread.
+        self._branch = threading.local()
         self._ship_sdk: dict[str, bool] = {}  # cluster address -> jobs carry this SDK
-        if address:
-            self.use(address)
         self.packed: PackedProject | None = None
         self._scratch = tempfile.mkdtemp(prefix="uf-remote-")
         # Concurrent branches share this state: one packing at a time, and per cluster one
@@ -117,14 +120,36 @@ class _RemoteState:
         self._lock = threading.Lock()
         self._setup_gates: dict[str, threading.Lock] = {}
         self._probe_lock = threading.Lock()
+        self._clients_lock = threading.Lock()
+        if address:
+            self._fixed = self.client(address)
 
-    def use(self, address: str) -> JobsCluster:
-        """Dispatch to the cluster at ``address`` from now on (versions checked once)."""
-        if self.cluster is None or self.cluster.address != address.rstrip("/"):
-            cluster = JobsCluster(address)
-            cluster.check_versions()
-            self.cluster = cluster
-        return self.cluster
+    @property
+    def cluster(self) -> JobsCluster | None:
+        """The cluster this thread's attempt sends its job to."""
+        return getattr(self._branch, "cluster", None) or self._fixed
+
+    def client(self, address: str) -> JobsCluster:
+        """The Jobs API client of the cluster at ``address`` (versions checked once)."""
+        key = address.rstrip("/")
+        with self._clients_lock:
+            if key not in self._clients:
+                cluster = JobsCluster(address)
+                cluster.check_versions()
+                self._clients[key] = cluster
+            return self._clients[key]
+
+    @contextlib.contextmanager
+    def provisioned_cluster(self, config: RayTask, task_name: str,
+                            holder: str) -> Iterator[JobsCluster]:
+        """A cluster of the run provisioner's, this thread's until the block ends."""
+        assert self.provisioned is not None
+        with self.provisioned.lease(config, task_name, holder) as address:
+            self._branch.cluster = self.client(address)
+            try:
+                yield self._branch.cluster
+            finally:
+                self._branch.cluster = None
 
     def ship_sdk(self, cluster: JobsCluster) -> bool:
         """Whether jobs on ``cluster`` must carry this client's SDK (raises when that won't do).
@@ -198,8 +223,7 @@ def plan_concurrency(configs: list[RayTask], run: Run) -> tuple[int, str]:
     """
     state = _state(run)
     if state.provisioned is not None:
-        return 1, ("--kuberay: RayTask branches take turns (one RayCluster per concurrent "
-                   "branch is not built yet)")
+        return state.provisioned.plan_concurrency(configs)
     assert state.cluster is not None
     live = state.cluster.live_shape()
     total = live.total()
@@ -215,19 +239,25 @@ def plan_concurrency(configs: list[RayTask], run: Run) -> tuple[int, str]:
                      f"{shapes} at once, each a Ray job")
 
 
-def prepare(config: RayTask, run: Run) -> None:
-    """Before an attempt: versions (once per cluster) and the shape against the live nodes."""
-    try:
-        state = _state(run)
-        if state.provisioned is not None:
-            call = current_call()
-            state.use(state.provisioned.address_for(config, call.task_name if call else "task"))
-        assert state.cluster is not None
-        state.cluster.check_capacity(config)
-    except Exception as exc:
-        # A wrong address, token, version or shape stays wrong: retrying cannot help.
-        exc.uniflow_retryable = False  # type: ignore[attr-defined]
-        raise
+@contextlib.contextmanager
+def attempt(config: RayTask, run: Run) -> Iterator[None]:
+    """Around an attempt: its cluster (with a run provisioner, the branch's own, held until
+    the attempt ends), versions (once per cluster), the shape against the live nodes."""
+    with contextlib.ExitStack() as stack:
+        try:
+            state = _state(run)
+            if state.provisioned is not None:
+                call = current_call()
+                stack.enter_context(state.provisioned_cluster(
+                    config, call.task_name if call else "task",
+                    call.call_id if call else "a RayTask"))
+            assert state.cluster is not None
+            state.cluster.check_capacity(config)
+        except Exception as exc:
+            # A wrong address, token, version or shape stays wrong: retrying cannot help.
+            exc.uniflow_retryable = False  # type: ignore[attr-defined]
+            raise
+        yield
 
 
 def submit(config: RayTask, run: Run, call: RemoteCall) -> None:
@@ -248,8 +278,9 @@ def submit(config: RayTask, run: Run, call: RemoteCall) -> None:
             "as the job's working_dir itself; drop 'working_dir' (use py_modules for more code)."
         )
     runtime_env["working_dir"] = packed.zip_path
-    assert state.cluster is not None
-    if state.ship_sdk(state.cluster):
+    cluster = state.cluster  # this attempt's (with --kuberay, the branch's own)
+    assert cluster is not None
+    if state.ship_sdk(cluster):
         runtime_env["py_modules"] = [*runtime_env.get("py_modules", []), client_package_dir()]
     # The job sees the run's storage as this process does, so libraries that default to a
     # place under it (the model registry) find the same things on both sides.
@@ -278,18 +309,18 @@ def submit(config: RayTask, run: Run, call: RemoteCall) -> None:
         record_resources(cpu=total.get("CPU", 0.0), gpu=total.get("GPU", 0.0),
                          memory_bytes=total.get("memory", 0.0), where=config.describe())
 
-    status, message = state.cluster.run_job(
+    status, message = cluster.run_job(
         entrypoint=entrypoint, runtime_env=runtime_env, submission_id=submission_id,
-        deadline_s=deadline, echo=_echo, setup_gate=state.setup_gate(state.cluster),
+        deadline_s=deadline, echo=_echo, setup_gate=state.setup_gate(cluster),
         on_started=started,
     )
     if state.provisioned is not None and status == "SUCCEEDED":
         _publish_deployments(state, config, run, call)
     if status != "SUCCEEDED" and not run.storage.exists(call.result_path):
         raise JobFailedError(
-            f"Ray job {submission_id} on {state.cluster.address} ended {status} before task "
+            f"Ray job {submission_id} on {cluster.address} ended {status} before task "
             f"{call.task_name!r} recorded a result: {message.strip() or 'no message'}. Its "
-            f"output ends with:\n{state.cluster.logs_tail(submission_id)}"
+            f"output ends with:\n{cluster.logs_tail(submission_id)}"
         )
 
 

@@ -304,7 +304,9 @@ def test_bad_arguments_are_refused_before_anything_runs():
         concurrent.batch_run([concurrent.new_callable(square, 1), 3])
 
 
-def test_ctrl_c_stops_every_branch_and_records_the_run_interrupted(tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_stops_every_branch_and_records_the_run_interrupted(tmp_path, stop):
+    """Ctrl-C, and SIGTERM in a plain ``python wf.py`` (no handler of its own), unwind."""
     script = tmp_path / "wf.py"
     script.write_text(textwrap.dedent(f"""
         import os, time
@@ -338,7 +340,7 @@ def test_ctrl_c_stops_every_branch_and_records_the_run_interrupted(tmp_path):
     try:
         _wait_for(lambda: all((tmp_path / f"started-{i}").exists() for i in range(2)),
                   "both branches starting")
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(stop)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:

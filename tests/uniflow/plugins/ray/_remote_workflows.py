@@ -112,6 +112,73 @@ def slow_batch(seconds: float) -> list:
                                  for _ in range(2)]).get()
 
 
+# --kuberay: a RayCluster per branch. Head-only clusters keep the test bed's nodes light.
+ONE_CPU = RayTask(head_cpu=1, head_memory="1Gi", worker_instances=0)
+THREE_CPU = RayTask(head_cpu=3, head_memory="1Gi", worker_instances=0)  # one at a time
+
+
+def _stamp(folder: str, name: str, moment: str) -> None:
+    with open(os.path.join(folder, f"{name}.{moment}"), "w") as handle:
+        handle.write(repr(time.time()))
+
+
+@uniflow.task(config=ONE_CPU)
+def stamp(x: int, folder: str, branches: int) -> dict:
+    """Records when it starts and ends; waits (bounded) for the batch's others to start."""
+    _stamp(folder, f"stamp-{x}", "start")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if len([n for n in os.listdir(folder) if n.endswith(".start")]) >= branches:
+            break
+        time.sleep(0.2)
+    _stamp(folder, f"stamp-{x}", "end")
+    return {"x": x, **_where()}
+
+
+@uniflow.task(config=THREE_CPU)
+def hog(x: int, folder: str, flag: str) -> dict:
+    """Needs 3 CPU: the test bed's nodes (4 and 2 CPU) hold one such cluster at a time.
+
+    The second one fails (after recording its times) while ``flag`` is missing.
+    """
+    _stamp(folder, f"hog-{x}", "start")
+    time.sleep(2)
+    _stamp(folder, f"hog-{x}", "end")
+    if x == 2 and not os.path.exists(flag):
+        raise FlagMissing(f"flag file {flag} is missing")
+    return {"x": x, **_where()}
+
+
+@uniflow.workflow()
+def kuberay_fanout(folder: str, flag: str) -> dict:
+    from michelangelo.uniflow.core.lib import concurrent
+
+    pair = concurrent.batch_run([concurrent.new_callable(stamp, x, folder, 2)
+                                 for x in (1, 2)]).get()
+    try:
+        concurrent.run(huge).result()  # 64 CPU: fails before any cluster starts
+        never = "ran"
+    except Exception as exc:  # its own error, with the task name and branch in front
+        never = f"{type(exc).__name__}: {exc}"
+    hogs = [concurrent.run(hog, x, folder, flag) for x in (1, 2)]  # not planned: one waits
+    return {"pair": pair, "never": never, "hogs": [h.result() for h in hogs]}
+
+
+@uniflow.task(config=ONE_CPU)
+def nap(seconds: float) -> str:
+    print("nap started", flush=True)
+    time.sleep(seconds)
+    return "slept"
+
+
+@uniflow.workflow()
+def slow_pair(seconds: float) -> list:
+    from michelangelo.uniflow.core.lib import concurrent
+
+    return concurrent.batch_run([concurrent.new_callable(nap, seconds)
+                                 for _ in range(2)]).get()
+
+
 if __name__ == "__main__":
     context = uniflow.create_context()
     if os.environ.get("WF") == "slow":
@@ -120,6 +187,10 @@ if __name__ == "__main__":
         result = context.run(slow_batch, float(os.environ["WF_SECONDS"]))
     elif os.environ.get("WF") == "batch":
         result = context.run(batch_of_jobs, os.environ["WF_MEET"])
+    elif os.environ.get("WF") == "slow_pair":
+        result = context.run(slow_pair, float(os.environ["WF_SECONDS"]))
+    elif os.environ.get("WF") == "kuberay_fanout":
+        result = context.run(kuberay_fanout, os.environ["WF_FOLDER"], os.environ["WF_FLAG"])
     elif os.environ.get("WF") == "huge":
         result = context.run(too_big)
     else:

@@ -78,23 +78,139 @@ def check_fit(manifest: dict[str, Any], nodes: list[dict[str, Any]],
                 f"{largest.name!r} has {_describe(largest.free)} free. Fix: shrink the RayTask's "
                 f"{'head' if label == 'head pod' else 'worker'}_* fields, or add a bigger node."
             )
+    before = "; ".join(f"{n.name}: {_describe(n.free)}" for n in free)
+    left_over = _place(wanted, free)
+    if left_over is not None:
+        raise ClusterFitError(
+            f"RayCluster {manifest['metadata']['name']!r}: each pod fits a node, but all "
+            f"{len(wanted)} pods together ({_describe(_total(wanted))}) do not; the "
+            f"{left_over} is left over. Free per node: {before}. Fix: lower worker_instances "
+            "or the per-node resources, or add nodes."
+        )
+
+
+@dataclass(frozen=True)
+class RunFit:
+    """Whether a new RayCluster fits next to the run's other clusters (see :func:`fit_with_run`).
+
+    Attributes:
+        fits: Whether its pods fit the nodes now, next to the run's other clusters.
+        waits_for: The run's clusters it must wait for when it does not fit now.
+        need: Its pods' requests, summed, described.
+        free: What each node has free next to the run's clusters, described.
+    """
+
+    fits: bool
+    waits_for: tuple[str, ...]
+    need: str
+    free: str
+
+
+def fit_with_run(manifest: dict[str, Any], nodes: list[dict[str, Any]],
+                 pods: list[dict[str, Any]], run_clusters: list[dict[str, Any]]) -> RunFit:
+    """Does ``manifest`` fit the nodes together with the run's other RayClusters?
+
+    The run's clusters are counted by what their manifests ask for, not only by the pods
+    that exist: a cluster just created has no pods yet, and two branches checking at once
+    must not both take the same room. Their pods already bound to a node hold that node;
+    the rest are placed like the new cluster's (largest first, tightest node).
+
+    Args:
+        manifest: The RayCluster to create.
+        nodes: The Kubernetes cluster's Node objects (as dicts).
+        pods: Every pod (as dicts); those of ``run_clusters`` are matched by their
+            ``ray.io/cluster`` label.
+        run_clusters: The manifests of the run's clusters that stay while this one starts.
+
+    Returns:
+        Whether it fits now, and if not which of the run's clusters it waits for.
+
+    Raises:
+        ClusterFitError: It could never fit, even with none of the run's clusters left.
+    """
+    names = {c["metadata"]["name"] for c in run_clusters}
+    foreign = [p for p in pods if _cluster_of(p) not in names]
+    check_fit(manifest, nodes, foreign)  # with the run's clusters all gone: ever?
+    free = _free_by_node(nodes, foreign)
+    for cluster in run_clusters:
+        name = cluster["metadata"]["name"]
+        mine = [p for p in pods if _cluster_of(p) == name]
+        bound = [p for p in mine if (p.get("spec") or {}).get("nodeName")
+                 and (p.get("status") or {}).get("phase") not in ("Succeeded", "Failed")]
+        _take(free, bound)
+        _place(_unbound(pod_requests(cluster), bound), free)  # what is left over waits anyway
+    wanted = pod_requests(manifest)
+    left = "; ".join(f"{n.name}: {_describe({k: max(v, Decimal(0)) for k, v in n.free.items()})}"
+                     for n in free)
+    fits = _place(wanted, free) is None
+    return RunFit(fits, () if fits else tuple(sorted(names)), _describe(_total(wanted)), left)
+
+
+def copies_that_fit(manifests: list[dict[str, Any]], nodes: list[dict[str, Any]],
+                    pods: list[dict[str, Any]]) -> int:
+    """How many of ``manifests`` (in order, each a branch's cluster) the nodes hold at once.
+
+    A manifest that could never fit alone is skipped (its branch fails on its own).
+    """
+    free = _free_by_node(nodes, pods)
+    placed = 0
+    for manifest in manifests:
+        wanted = pod_requests(manifest)
+        trial = [_Node(n.name, dict(n.free)) for n in free]
+        if _place(wanted, trial) is None:
+            free = trial
+            placed += 1
+    return placed
+
+
+def describe_free(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> str:
+    """The nodes' free allocatable, summed over nodes, in words."""
+    summed = _total([("", n.free) for n in _free_by_node(nodes, pods)])
+    return _describe({k: max(v, Decimal(0)) for k, v in summed.items()})
+
+
+def _cluster_of(pod: dict[str, Any]) -> str | None:
+    return ((pod.get("metadata") or {}).get("labels") or {}).get("ray.io/cluster")
+
+
+def _take(free: list[_Node], pods: list[dict[str, Any]]) -> None:
+    by_name = {n.name: n for n in free}
+    for pod in pods:
+        node = by_name.get((pod.get("spec") or {}).get("nodeName"))
+        if node is not None:
+            for key, amount in _requests({"spec": pod["spec"]}).items():
+                node.free[key] = node.free.get(key, Decimal(0)) - amount
+
+
+def _unbound(wanted: list[tuple[str, dict[str, Decimal]]],
+             bound: list[dict[str, Any]]) -> list[tuple[str, dict[str, Decimal]]]:
+    """The pods of ``wanted`` not yet among ``bound`` (matched by head, and worker group)."""
+    left = list(wanted)
+    for pod in bound:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        if labels.get("ray.io/node-type") == "head":
+            match = next((i for i, (label, _) in enumerate(left) if label == "head pod"), None)
+        else:
+            group = f"of group {labels.get('ray.io/group')!r}"
+            match = next((i for i, (label, _) in enumerate(left) if label.endswith(group)), None)
+        if match is not None:
+            left.pop(match)
+    return left
+
+
+def _place(wanted: list[tuple[str, dict[str, Decimal]]], free: list[_Node]) -> str | None:
+    """Book ``wanted`` on ``free`` (largest first, tightest node); the first left over."""
     order = sorted(wanted, key=lambda item: (item[1].get("cpu", 0), item[1].get("memory", 0)),
                    reverse=True)
     for label, need in order:
         candidates = [node for node in free if _fits(node.free, need)]
         if not candidates:
-            total = _total(wanted)
-            raise ClusterFitError(
-                f"RayCluster {manifest['metadata']['name']!r}: each pod fits a node, but all "
-                f"{len(wanted)} pods together ({_describe(total)}) do not; the {label} is left "
-                f"over. Free per node: "
-                + "; ".join(f"{n.name}: {_describe(n.free)}" for n in free)
-                + ". Fix: lower worker_instances or the per-node resources, or add nodes."
-            )
+            return label
         best = min(candidates, key=lambda node: node.free.get("cpu", 0) - need.get("cpu", 0))
         for key, amount in need.items():
             best.free[key] = best.free.get(key, Decimal(0)) - amount
         best.pods.append(label)
+    return None
 
 
 def _free_by_node(nodes: list[dict[str, Any]], pods: list[dict[str, Any]]) -> list[_Node]:

@@ -143,11 +143,22 @@ class KubeRayCluster(RayCluster):
             head_node_ports=self.settings.head_node_ports,
         )
 
+    @property
+    def created(self) -> bool:
+        """Whether the RayCluster object was created (and so needs deleting)."""
+        return self._created
+
     # -- RayCluster interface ----------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, *, fit_checked: bool = False) -> None:
+        """Create the RayCluster and wait until it is ready.
+
+        Args:
+            fit_checked: The caller has checked the fit already (with the run's other
+                clusters in the count), so the nodes are not checked again here.
+        """
         deadline_s = self.settings.deadline()
         manifest = self.manifest()
-        if self.settings.fit_check:
+        if self.settings.fit_check and not fit_checked:
             check_fit(manifest, self.api.nodes(), self.api.all_pods())
         try:
             self.api.create(manifest, dry_run=True)

@@ -32,7 +32,7 @@ def publish(clusters: Any, deployments: list[dict[str, Any]], config: RayTask,
     """Apply and wait for a RayService per deployment (the last one of each name).
 
     Args:
-        clusters: The run's ``RunClusters`` (its run, settings and current cluster).
+        clusters: The run's ``RunClusters`` (its run, settings and clusters).
         deployments: The task's ``deployment`` artifacts, each with its ``_description``.
         config: The deploying task's RayTask: the shape of each service's cluster.
         call_id: The task call the services are recorded under.
@@ -73,9 +73,9 @@ def _publish_one(clusters: Any, api: KubeApi, description: Any, config: RayTask,
         try:
             check_fit(service_cluster(manifest), api.nodes(), api.all_pods())
         except ClusterFitError:
-            if clusters.current is None:
+            # The task is done with its cluster; the endpoint needs the room.
+            if not clusters.make_room(call_id):
                 raise
-            clusters.close()  # the task is done with its cluster; the endpoint needs the room
             check_fit(service_cluster(manifest), api.nodes(), api.all_pods())
     spec = f"{description.project_name}/{description.model_name}:{description.revision_id}"
     applied = apply_ray_service(api, manifest)

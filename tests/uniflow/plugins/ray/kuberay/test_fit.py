@@ -51,3 +51,81 @@ def test_running_pods_hold_their_init_containers_requests_too():
     check_fit(_small(2), [_node()])
     with pytest.raises(ClusterFitError):
         check_fit(_small(2), [_node()], [running])
+
+
+# -- the fit of a run's RayClusters together (concurrent branches under --kuberay) ----------
+# Allocatable as a GKE e2-standard-8 node reports it (8 vCPU, 32 GB, some reserved).
+E2_STANDARD_8 = {"cpu": "7910m", "memory": "29045876Ki", "ephemeral-storage": "47060071478"}
+
+
+def _real_node(name):
+    node = _node(name)
+    node["status"]["allocatable"] = dict(E2_STANDARD_8)
+    return node
+
+
+def _branch(name, cpu=3, memory="10Gi", workers=1):
+    task = RayTask(head_cpu=cpu, head_memory=memory, worker_cpu=cpu, worker_memory=memory,
+                   worker_instances=workers)
+    return ray_cluster_manifest(task, name=name, image="rayproject/ray:test")
+
+
+def _pod_of(cluster, node_type, node, cpu, memory, group="headgroup"):
+    return {"metadata": {"name": f"{cluster}-{node_type}",
+                         "labels": {"ray.io/cluster": cluster, "ray.io/node-type": node_type,
+                                    "ray.io/group": group}},
+            "status": {"phase": "Running"},
+            "spec": {"nodeName": node,
+                     "containers": [{"resources": {"requests": {"cpu": cpu, "memory": memory}}}]}}
+
+
+def test_a_branch_cluster_fits_next_to_the_runs_others_until_the_nodes_are_full():
+    from michelangelo.uniflow.plugins.ray.kuberay._fit import fit_with_run
+
+    nodes = [_real_node("pool-1"), _real_node("pool-2")]
+    # Each branch's cluster: a head and a worker of 3 CPU, 10Gi: two per node at most.
+    first, second, third = _branch("uf-a"), _branch("uf-b"), _branch("uf-c")
+    assert fit_with_run(first, nodes, [], []).fits
+    # The first cluster was just created: no pod of it exists yet, yet its room is taken.
+    fit = fit_with_run(second, nodes, [], [first])
+    assert fit.fits and fit.waits_for == ()
+    # Its pods now run (one per node), the second has none yet: a third would need a
+    # fifth and sixth 3-CPU pod on two nodes of 7.91 CPU that hold four.
+    running = [_pod_of("uf-a", "head", "pool-1", "3", "10Gi"),
+               _pod_of("uf-a", "worker", "pool-2", "3", "10Gi", group="workers")]
+    fit = fit_with_run(third, nodes, running, [first, second])
+    assert not fit.fits
+    assert fit.waits_for == ("uf-a", "uf-b")
+    assert fit.need == "cpu 6, memory 20Gi"
+    assert fit.free.startswith("pool-1: cpu 1.91, memory ") and "; pool-2: cpu 1.91" in fit.free
+    # Once the first has ended (its manifest gone, its pods too), the third fits.
+    assert fit_with_run(third, nodes, [], [second]).fits
+
+
+def test_pods_of_other_users_count_and_a_cluster_that_never_fits_fails_at_once():
+    from michelangelo.uniflow.plugins.ray.kuberay._fit import fit_with_run
+
+    nodes = [_real_node("pool-1"), _real_node("pool-2")]
+    other_user = _pod_of("someone-else", "head", "pool-1", "6", "4Gi")
+    fit = fit_with_run(_branch("uf-b"), nodes, [other_user], [_branch("uf-a")])
+    assert not fit.fits and fit.waits_for == ("uf-a",)
+    # 12 CPU per worker: no node will ever have that, whatever the run's clusters do.
+    with pytest.raises(ClusterFitError) as err:
+        fit_with_run(_branch("uf-huge", cpu=12), nodes, [other_user], [_branch("uf-a")])
+    message = str(err.value)
+    assert "asks for cpu 12" in message and "no node has that much free cpu" in message
+    assert "Fix: shrink the RayTask's" in message
+
+
+def test_how_many_branch_clusters_the_nodes_hold_at_once():
+    from michelangelo.uniflow.plugins.ray.kuberay._fit import copies_that_fit, describe_free
+
+    nodes = [_real_node("pool-1"), _real_node("pool-2")]
+    assert copies_that_fit([_branch(f"uf-{i}") for i in range(5)], nodes, []) == 2
+    small = [_branch(f"uf-{i}", cpu=1, memory="2Gi") for i in range(10)]
+    assert copies_that_fit(small, nodes, []) == 7  # 7 pairs of 1-CPU pods on 15.82 CPU
+    # A branch that can never fit is left out (it fails alone), the others still count.
+    assert copies_that_fit([_branch("uf-huge", cpu=12), _branch("uf-a")], nodes, []) == 1
+    busy = [_pod_of("someone-else", "head", "pool-1", "7", "1Gi")]
+    assert copies_that_fit([_branch(f"uf-{i}") for i in range(5)], nodes, busy) == 1
+    assert describe_free(nodes, busy).startswith("cpu 8.82, memory")
