@@ -27,6 +27,7 @@ from michelangelo.uniflow.plugins.ray._ports import free_port
 
 _HEAD_START_TIMEOUT_S = 120.0
 _HEAD_START_TRIES = 3
+_WORKER_START_TRIES = 3
 _REGISTRATION_TIMEOUT = "timed out during startup"  # what `ray start` says after its 30 s
 _STOP_GRACE_S = 5.0
 
@@ -56,6 +57,7 @@ class LocalRayCluster(RayCluster):
         self._stopping = threading.Event()
         self._joiner: threading.Thread | None = None
         self._logs: list[str] = []
+        self._worker_tries: dict[int, int] = {}  # node index -> starts so far, when over 1
         self._env = dict(os.environ)
         # `ray start` turns token auth on in Ray 2.60, while this driver, as a client, follows
         # its own RAY_AUTH_MODE (read when ray is imported; "disabled" unless set). The nodes
@@ -180,24 +182,51 @@ class LocalRayCluster(RayCluster):
             with self._lock:
                 if self._stopping.is_set():
                     return
-                self._spawn(f"worker-{index}", [
-                    f"--address={self.address}",
-                    f"--dashboard-agent-listen-port={free_port()}",
-                    f"--metrics-export-port={free_port()}",
-                    # Every node of this cluster shares one host and one log folder: the
-                    # head's log monitor already forwards each line, once.
-                    "--include-log-monitor=False",
-                    *node_arguments(self.task, "worker"),
-                ])
+                self._spawn(f"worker-{index}", self._worker_args())
             proc = self._procs[-1]
             deadline = time.monotonic() + 60
             while (_count_sockets(sockets) <= before and proc.poll() is None
                    and time.monotonic() < deadline and not self._stopping.is_set()):
                 time.sleep(0.1)
 
-    def _spawn(self, name: str, args: list[str]) -> None:
+    def _worker_args(self) -> list[str]:
+        return [
+            f"--address={self.address}",
+            f"--dashboard-agent-listen-port={free_port()}",
+            f"--metrics-export-port={free_port()}",
+            # Every node of this cluster shares one host and one log folder: the head's log
+            # monitor already forwards each line, once.
+            "--include-log-monitor=False",
+            *node_arguments(self.task, "worker"),
+        ]
+
+    def _restart_worker(self, index: int) -> bool:
+        """Start node ``index`` (a worker) again if it exited because Ray's fixed 30 s for a
+        node to register with its GCS ran out, as on a busy machine; at most
+        ``_WORKER_START_TRIES`` starts per worker. False when that does not apply.
+
+        While other workers are still being started the restart waits for them (nodes that
+        start at the same moment on one host pick the same socket names).
+        """
+        proc = self._procs[index]
+        tries = self._worker_tries.get(index, 1)
+        if (index == 0 or tries >= _WORKER_START_TRIES
+                or _REGISTRATION_TIMEOUT not in _tail(self._logs[index])):
+            return False
+        if self._joiner is not None and self._joiner.is_alive():
+            return True  # restarted once the joiner is done
+        with self._lock:
+            if self._stopping.is_set():
+                return False
+            _signal_group(proc, signal.SIGKILL)
+            _kill_sessions({proc.pid})
+            self._worker_tries[index] = tries + 1
+            self._spawn(f"worker-{index - 1}-start-{tries + 1}", self._worker_args(),
+                        slot=index)
+        return True
+
+    def _spawn(self, name: str, args: list[str], slot: int | None = None) -> None:
         log = os.path.join(self.log_dir, f"{name}.log")
-        self._logs.append(log)
         with open(log, "wb") as handle:
             proc = subprocess.Popen(
                 [self.ray_command or _ray_executable(), "start", "--block",
@@ -208,7 +237,11 @@ class LocalRayCluster(RayCluster):
                 env=self._env,
                 start_new_session=True,  # its own process group: we can end all of it
             )
-        self._procs.append(proc)
+        if slot is None:
+            self._logs.append(log)
+            self._procs.append(proc)
+        else:
+            self._logs[slot], self._procs[slot] = log, proc
 
     def _wait_for_head(self, port: int) -> None:
         import socket
@@ -239,8 +272,8 @@ class LocalRayCluster(RayCluster):
         expected = 1 + self.task.worker_instances
         deadline = time.monotonic() + timeout_s
         while True:
-            for index, proc in enumerate(self._procs):
-                if proc.poll() is not None:
+            for index, proc in enumerate(list(self._procs)):
+                if proc.poll() is not None and not self._restart_worker(index):
                     raise ClusterError(
                         f"Ray node {index} of the RayTask cluster exited with code "
                         f"{proc.returncode}; its log ends with:\n{_tail(self._logs[index])}"

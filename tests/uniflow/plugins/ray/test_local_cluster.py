@@ -275,3 +275,44 @@ def test_a_head_that_times_out_registering_is_started_again(tmp_path):
         cluster.shutdown()
     assert tries.read_text().count("start") == 2
     assert not ray.is_initialized()
+
+
+def test_a_worker_that_times_out_registering_is_started_again(tmp_path):
+    """The same 30 s limit applies to a worker node joining a busy head (a CI run under load
+    lost a run to it): that worker is started again and the cluster reaches its shape."""
+    from michelangelo.uniflow.plugins.ray import LocalRayCluster
+
+    real = os.path.join(os.path.dirname(sys.executable), "ray")
+    tries = tmp_path / "worker-starts"
+    ray_double = tmp_path / "ray-whose-first-worker-times-out"
+    # A stand-in for `ray`: the first worker start fails the way Ray does; all else is Ray.
+    ray_double.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        case " $* " in
+            *" --head "*) exec "{real}" "$@" ;;
+        esac
+        echo start >> "{tries}"
+        if [ "$(wc -l < "{tries}")" -eq 1 ]; then
+            sleep 2
+            echo "Exception: The current node timed out during startup. This could happen" \\
+                 "because some of the raylet failed to startup or the GCS has become overloaded."
+            exit 1
+        fi
+        exec "{real}" "$@"
+        """))
+    ray_double.chmod(0o755)
+
+    class Patient(LocalRayCluster):
+        ray_command = str(ray_double)
+
+    cluster = Patient(RayTask(head_cpu=1, head_memory="1Gi", worker_cpu=1, worker_memory="1Gi",
+                              worker_instances=1), str(tmp_path / "logs"))
+    try:
+        cluster.start()
+        cluster.wait_for_nodes(180)
+        assert ray.cluster_resources().get("CPU") == 2
+        assert len(cluster.node_pids) == 2
+    finally:
+        cluster.shutdown()
+    assert tries.read_text().count("start") == 2
+    assert not ray.is_initialized()
