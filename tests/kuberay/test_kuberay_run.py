@@ -159,7 +159,11 @@ def test_raytask_branches_get_a_raycluster_each_fit_together_and_resume_alone(
     assert "asks for cpu 64" in output and "Fix: shrink the RayTask's worker_* fields" in output
     assert "provisioning RayCluster uf-huge-" not in output
     waits = [ln for ln in lines if " waits for RayCluster(s) " in ln]
-    assert len(waits) == 1 and "hog waits" in waits[0] and "asks for cpu 3" in waits[0], waits
+    # The second hog waits for the first; the first may also wait, while the idle stamp
+    # clusters it retired are still being deleted (how long that takes varies): one line at
+    # most per waiting branch, each naming what it asks for.
+    assert 1 <= len(waits) <= 2, waits
+    assert all("hog waits" in w and "asks for cpu 3" in w for w in waits), waits
     assert len(_ready_clusters(lines, "hog")) == 1, output[-4000:]  # the second reused it
     first, second = sorted([span("hog-1"), span("hog-2")])
     assert first[1] <= second[0]  # one after the other
