@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> dict:
         LightningTrainer,
         LightningTrainerParam,
     )
-    from michelangelo.lib.trainer.torch.pytorch_lightning._inmemory_data import ENV_SWITCH
+    from michelangelo.lib.trainer.torch.pytorch_lightning._ingest._inmemory_data import ENV_SWITCH
 
     gpus = torch.cuda.device_count() if args.gpu else 0
     if args.gpu and gpus < 1:

@@ -29,7 +29,9 @@ from torch.utils.data import DataLoader
 
 from michelangelo.lib.checkpoints import CheckpointFormat
 from michelangelo.lib.checkpoints import _formats as cf
-from michelangelo.lib.trainer.torch.pytorch_lightning._fsdp2 import RayModelParallelStrategy
+from michelangelo.lib.trainer.torch.pytorch_lightning._strategies._fsdp2 import (
+    RayModelParallelStrategy,
+)
 
 ship_by_value(__name__)
 

@@ -8,7 +8,10 @@ import ray.data
 import torch
 from _models import make_regression_datasets, start_test_ray
 
-from michelangelo.lib.trainer.torch.pytorch_lightning._data import SizedBatches, rows_per_worker
+from michelangelo.lib.trainer.torch.pytorch_lightning._ingest._data import (
+    SizedBatches,
+    rows_per_worker,
+)
 
 
 @pytest.fixture(scope="module")

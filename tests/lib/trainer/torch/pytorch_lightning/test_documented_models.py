@@ -41,7 +41,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning import (
 ship_by_value(__name__)
 
 ISOLATED_STATE_API = {"RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9"}  # see test_fsdp2.py
-PREFLIGHT_LOGGER = "michelangelo.lib.trainer.torch.pytorch_lightning._preflight"
+PREFLIGHT_LOGGER = "michelangelo.lib.trainer.torch.pytorch_lightning._config._preflight"
 
 
 @pytest.fixture(scope="module")

@@ -14,14 +14,14 @@ import fsspec
 import pytest
 import ray
 
-from michelangelo.lib.trainer.torch.pytorch_lightning._experiment_store import (
+from michelangelo.lib.trainer.torch.pytorch_lightning._checkpoints._experiment_store import (
     ExperimentStore,
     FsspecExperimentStore,
     latest_checkpoint_dir,
     record_key,
 )
 
-LOGGER = "michelangelo.lib.trainer.torch.pytorch_lightning._experiment_store"
+LOGGER = "michelangelo.lib.trainer.torch.pytorch_lightning._checkpoints._experiment_store"
 
 
 def _make_checkpoint(experiment_dir, name, *, complete=True, as_dir=False):

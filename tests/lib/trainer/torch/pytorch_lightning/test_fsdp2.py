@@ -12,7 +12,7 @@ import torch
 from _models import create_tiny_fsdp2_model, regression_rows, ship_by_value
 from ray.train import Checkpoint, RunConfig, ScalingConfig
 
-from michelangelo.lib.trainer.torch.pytorch_lightning._fsdp2 import (
+from michelangelo.lib.trainer.torch.pytorch_lightning._strategies._fsdp2 import (
     RayModelParallelStrategy,
     validate_fsdp2_kwargs,
 )

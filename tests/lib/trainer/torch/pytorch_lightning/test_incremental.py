@@ -33,7 +33,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning import (
     ModelSpec,
     TransferLearningMetadata,
 )
-from michelangelo.lib.trainer.torch.pytorch_lightning._incremental import (
+from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start._incremental import (
     IncrementalPlan,
     incremental_callback,
     load_revision,

@@ -22,7 +22,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning import (
     TransferLearningMetadata,
     TransferLearningSpec,
 )
-from michelangelo.lib.trainer.torch.pytorch_lightning._inherit import (
+from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start._inherit import (
     InheritPlan,
     apply_inherit,
     inherit_mapping,

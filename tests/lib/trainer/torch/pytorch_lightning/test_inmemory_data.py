@@ -22,8 +22,8 @@ from michelangelo.lib.trainer.torch.pytorch_lightning import (
     LightningTrainer,
     LightningTrainerParam,
 )
-from michelangelo.lib.trainer.torch.pytorch_lightning._data import SizedBatches
-from michelangelo.lib.trainer.torch.pytorch_lightning._inmemory_data import (
+from michelangelo.lib.trainer.torch.pytorch_lightning._ingest._data import SizedBatches
+from michelangelo.lib.trainer.torch.pytorch_lightning._ingest._inmemory_data import (
     ENV_MAX_BYTES,
     ENV_SWITCH,
     InMemoryBatches,

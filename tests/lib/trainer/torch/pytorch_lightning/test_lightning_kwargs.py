@@ -12,7 +12,7 @@ from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.profilers import SimpleProfiler
 
 from michelangelo.lib.trainer.torch.pytorch_lightning import LightningTrainerParam
-from michelangelo.lib.trainer.torch.pytorch_lightning._lightning_kwargs import (
+from michelangelo.lib.trainer.torch.pytorch_lightning._config._lightning_kwargs import (
     resolve_lightning_kwargs,
 )
 
@@ -87,7 +87,9 @@ def test_siblings_are_split_off(data):
 
 
 def test_profiler_object_gets_dirpath_only_when_unset():
-    from michelangelo.lib.trainer.torch.pytorch_lightning._lightning_kwargs import ProfilerChoice
+    from michelangelo.lib.trainer.torch.pytorch_lightning._config._lightning_kwargs import (
+        ProfilerChoice,
+    )
 
     assert ProfilerChoice(instance=SimpleProfiler()).build("/p").dirpath == "/p"
     assert ProfilerChoice(instance=SimpleProfiler(dirpath="/mine")).build("/p").dirpath == "/mine"
@@ -149,11 +151,13 @@ def test_every_trainer_parameter_and_sibling_is_accepted_by_name():
 
     import pytorch_lightning as pl
 
-    from michelangelo.lib.trainer.torch.pytorch_lightning._lightning_kwargs import (
+    from michelangelo.lib.trainer.torch.pytorch_lightning._config._lightning_kwargs import (
         SIBLING_KEYS,
         trainer_parameters,
     )
-    from michelangelo.lib.trainer.torch.pytorch_lightning._signature_check import check_kwargs
+    from michelangelo.lib.trainer.torch.pytorch_lightning._config._signature_check import (
+        check_kwargs,
+    )
 
     names = set(trainer_parameters())
     assert names == set(inspect.signature(pl.Trainer).parameters)

@@ -6,11 +6,11 @@ import pytorch_lightning as pl
 import torch
 from _models import TinyRegressor, regression_rows
 
-from michelangelo.lib.trainer.torch.pytorch_lightning._metrics_record import (
+from michelangelo.lib.trainer.torch.pytorch_lightning._worker._metrics_record import (
     MetricsRecord,
     read_metrics,
 )
-from michelangelo.lib.trainer.torch.pytorch_lightning._progress import ProgressReport
+from michelangelo.lib.trainer.torch.pytorch_lightning._worker._progress import ProgressReport
 from michelangelo.uniflow.core._console import format_progress
 
 

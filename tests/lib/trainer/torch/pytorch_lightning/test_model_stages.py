@@ -25,16 +25,16 @@ from michelangelo.lib.trainer.torch.pytorch_lightning import (
     TransferLearningMetadata,
     TransferLearningSpec,
 )
-from michelangelo.lib.trainer.torch.pytorch_lightning._freeze import frozen_names
-from michelangelo.lib.trainer.torch.pytorch_lightning._model_stages import (
+from michelangelo.lib.trainer.torch.pytorch_lightning._strategies._registry import StrategyChoice
+from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start._freeze import frozen_names
+from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start._model_stages import (
     AFTER,
     BEFORE,
     MetaModels,
     first_stage_that_fits,
     run_after_configure,
 )
-from michelangelo.lib.trainer.torch.pytorch_lightning._strategy import StrategyChoice
-from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start import (
+from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start._plan import (
     apply_warm_start,
     plan_warm_start,
 )
@@ -183,7 +183,7 @@ _SHARD_COPY = textwrap.dedent("""
     import torch, torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from michelangelo.lib.trainer.torch.pytorch_lightning._weights import copy_into
+    from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start._weights import copy_into
 
     rank = int(sys.argv[1])
     dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank,

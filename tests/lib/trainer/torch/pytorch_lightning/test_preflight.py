@@ -15,14 +15,14 @@ from michelangelo.lib.trainer.torch.pytorch_lightning import (
     LightningTrainer,
     LightningTrainerParam,
 )
-from michelangelo.lib.trainer.torch.pytorch_lightning._preflight import (
+from michelangelo.lib.trainer.torch.pytorch_lightning._config._preflight import (
     build_meta_model,
     cannot_build_here,
     check_memory,
     count_meta_parameters,
     estimate_bytes,
 )
-from michelangelo.lib.trainer.torch.pytorch_lightning._strategy import choose_strategy
+from michelangelo.lib.trainer.torch.pytorch_lightning._strategies._registry import choose_strategy
 from michelangelo.uniflow.plugins.ray import RayTask
 from michelangelo.uniflow.plugins.ray._capacity import active_ray_task
 

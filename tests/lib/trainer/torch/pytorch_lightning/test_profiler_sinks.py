@@ -23,7 +23,7 @@ from pytorch_lightning.loggers import CometLogger, CSVLogger, MLFlowLogger
 from pytorch_lightning.profilers import SimpleProfiler
 from torch.utils.data import DataLoader, TensorDataset
 
-from michelangelo.lib.trainer.torch.pytorch_lightning._profiler_sinks import (
+from michelangelo.lib.trainer.torch.pytorch_lightning._worker._profiler_sinks import (
     IDENTITY_ATTR,
     LoggerIdentity,
     comet_profiler_sink,
@@ -31,7 +31,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._profiler_sinks import (
     share_logger_identity,
 )
 
-LOGGER = "michelangelo.lib.trainer.torch.pytorch_lightning._profiler_sinks"
+LOGGER = "michelangelo.lib.trainer.torch.pytorch_lightning._worker._profiler_sinks"
 TRACKER_ENV = {
     # MLflow 3 refuses file stores without this; sqlalchemy (for sqlite:) is not installed here.
     "MLFLOW_ALLOW_FILE_STORE": "true",

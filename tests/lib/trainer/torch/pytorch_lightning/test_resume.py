@@ -21,7 +21,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning import (
     LightningTrainer,
     LightningTrainerParam,
 )
-from michelangelo.lib.trainer.torch.pytorch_lightning._resume import plan_resume
+from michelangelo.lib.trainer.torch.pytorch_lightning._checkpoints._resume import plan_resume
 from michelangelo.uniflow.plugins.ray import CapacityError
 
 ship_by_value(__name__)

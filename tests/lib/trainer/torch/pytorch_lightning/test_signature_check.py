@@ -9,7 +9,7 @@ from typing import Any, Literal, Optional
 
 import pytest
 
-from michelangelo.lib.trainer.torch.pytorch_lightning._signature_check import (
+from michelangelo.lib.trainer.torch.pytorch_lightning._config._signature_check import (
     check_kwargs,
     closest,
     describe,

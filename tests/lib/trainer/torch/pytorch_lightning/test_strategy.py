@@ -7,7 +7,7 @@ from pytorch_lightning.strategies import DDPStrategy
 from ray.train.lightning import RayDDPStrategy, RayDeepSpeedStrategy, RayFSDPStrategy
 
 from michelangelo.lib.trainer.torch.pytorch_lightning import RayModelParallelStrategy
-from michelangelo.lib.trainer.torch.pytorch_lightning._strategy import (
+from michelangelo.lib.trainer.torch.pytorch_lightning._strategies._registry import (
     choose_strategy,
     strategy_names,
 )
@@ -26,7 +26,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._strategy import (
 )
 def test_strings_resolve(name, cls, prepared):
     choice = choose_strategy(name, None)
-    from michelangelo.lib.trainer.torch.pytorch_lightning._strategy import _REGISTRY
+    from michelangelo.lib.trainer.torch.pytorch_lightning._strategies._registry import _REGISTRY
 
     assert _REGISTRY[choice.name].load() is cls
     assert choice.ray_prepared is prepared

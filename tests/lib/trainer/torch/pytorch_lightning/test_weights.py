@@ -25,7 +25,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning import (
     LightningTrainerParam,
     TransferLearningSpec,
 )
-from michelangelo.lib.trainer.torch.pytorch_lightning._weights import (
+from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start._weights import (
     check_weights_path,
     read_state_dict,
 )
@@ -197,7 +197,9 @@ def test_read_state_dict_rejects_non_dicts(tmp_path):
 
 
 def test_load_initial_weights_without_matching_keys_fails(tmp_path):
-    from michelangelo.lib.trainer.torch.pytorch_lightning._weights import load_initial_weights
+    from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start._weights import (
+        load_initial_weights,
+    )
 
     path = tmp_path / "other.pt"
     torch.save({"encoder.weight": torch.zeros(2)}, path)

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from michelangelo.lib.trainer.torch.pytorch_lightning._incremental import (
+from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start._incremental import (
     IncrementalPlan,
     check_revision_fits,
     incremental_callback,
@@ -21,14 +21,14 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._incremental import (
     plan_incremental,
     read_revision,
 )
-from michelangelo.lib.trainer.torch.pytorch_lightning._inherit import (
+from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start._inherit import (
     InheritPlan,
     apply_inherit,
     plan_inherit,
     read_baseline,
     worker_mapping,
 )
-from michelangelo.lib.trainer.torch.pytorch_lightning._model_stages import (
+from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start._model_stages import (
     AFTER,
     BEFORE,
     MetaModels,

@@ -17,17 +17,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from michelangelo.lib.checkpoints import (
+    ModelSpec,
     align_state_dict_keys,
 )
-from michelangelo.lib.trainer.torch.pytorch_lightning._model_stages import (
+from michelangelo.lib.trainer.torch.pytorch_lightning._config import (
+    TransferLearningSpec,
+)
+from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start._model_stages import (
     BEFORE,
     MetaModels,
     first_stage_that_fits,
 )
-from michelangelo.lib.trainer.torch.pytorch_lightning._weights import copy_into, read_on_rank0
-from michelangelo.lib.trainer.torch.pytorch_lightning.schema import (
-    ModelSpec,
-    TransferLearningSpec,
+from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start._weights import (
+    copy_into,
+    read_on_rank0,
 )
 
 logger = logging.getLogger(__name__)

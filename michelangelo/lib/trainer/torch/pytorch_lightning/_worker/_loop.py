@@ -16,35 +16,35 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from michelangelo.lib.trainer.torch.pytorch_lightning._data import SizedBatches, rows_per_worker
-from michelangelo.lib.trainer.torch.pytorch_lightning._freeze import freeze_layers, frozen_names
-from michelangelo.lib.trainer.torch.pytorch_lightning._inmemory_data import (
+from michelangelo.lib.trainer.torch.pytorch_lightning._config import (
+    ResolvedKwargs,
+    TransferLearningSpec,
+)
+from michelangelo.lib.trainer.torch.pytorch_lightning._ingest import (
     InMemoryBatches,
+    SizedBatches,
     drain_blocks,
     drain_shard,
+    rows_per_worker,
 )
-from michelangelo.lib.trainer.torch.pytorch_lightning._lightning_kwargs import ResolvedKwargs
-from michelangelo.lib.trainer.torch.pytorch_lightning._model_stages import (
+from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start import (
     BEFORE,
+    apply_initial_weights,
+    apply_warm_start,
+    at_stage,
+    check_initial_weights_fit,
+    freeze_layers,
+    frozen_names,
+    read_initial_weights,
     run_after_configure,
     stage_on_worker,
 )
-from michelangelo.lib.trainer.torch.pytorch_lightning._reporting import (
+from michelangelo.lib.trainer.torch.pytorch_lightning._worker._reporting import (
     CHECKPOINT_NAME,
     EpochEndReport,
     Reporter,
     report_on_model_checkpoint,
 )
-from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start import (
-    apply_warm_start,
-    at_stage,
-)
-from michelangelo.lib.trainer.torch.pytorch_lightning._weights import (
-    apply_initial_weights,
-    check_initial_weights_fit,
-    read_initial_weights,
-)
-from michelangelo.lib.trainer.torch.pytorch_lightning.schema import TransferLearningSpec
 
 logger = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Ray Train entry point: one Lightning ``fit`` per worker."""
     import ray.train
 
-    from michelangelo.lib.trainer.torch.pytorch_lightning._progress import ProgressReport
+    from michelangelo.lib.trainer.torch.pytorch_lightning._worker._progress import ProgressReport
 
     loop_started = time.time()
     spec: WorkerSpec = config["spec"]
@@ -270,8 +270,10 @@ def _build_trainer(spec: WorkerSpec, context: Any) -> tuple[Any, str]:
 
 def _observing_callbacks(spec: WorkerSpec, context: Any) -> list[Any]:
     """The run's own bookkeeping: live progress and the metrics record (rank 0 acts)."""
-    from michelangelo.lib.trainer.torch.pytorch_lightning._metrics_record import MetricsRecord
-    from michelangelo.lib.trainer.torch.pytorch_lightning._progress import ProgressReport
+    from michelangelo.lib.trainer.torch.pytorch_lightning._worker._metrics_record import (
+        MetricsRecord,
+    )
+    from michelangelo.lib.trainer.torch.pytorch_lightning._worker._progress import ProgressReport
 
     callbacks: list[Any] = []
     if spec.metrics_url:
@@ -319,7 +321,7 @@ def _run_profiler_sink(spec: WorkerSpec, trainer: Any, profiler_dir: str, contex
     if spec.profiler_sink is None or profiler is None or not profiler.upload:
         return
     try:
-        from michelangelo.lib.trainer.torch.pytorch_lightning._profiler_sinks import (
+        from michelangelo.lib.trainer.torch.pytorch_lightning._worker._profiler_sinks import (
             share_logger_identity,
         )
     except ImportError:

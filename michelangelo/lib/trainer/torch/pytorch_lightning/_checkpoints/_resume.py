@@ -93,7 +93,7 @@ def plan_resume(run_config: Any, store: Any) -> ResumePlan:
 
 
 def _latest_checkpoint(experiment_dir: str) -> str | None:
-    from michelangelo.lib.trainer.torch.pytorch_lightning._experiment_store import (
+    from michelangelo.lib.trainer.torch.pytorch_lightning._checkpoints._experiment_store import (
         latest_checkpoint_dir,
     )
 

@@ -30,13 +30,13 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-from michelangelo.lib.trainer.torch.pytorch_lightning._lightning_kwargs import (
+from michelangelo.lib.trainer.torch.pytorch_lightning._config._lightning_kwargs import (
     TRAINER_DEFAULTS,
     ResolvedKwargs,
     trainer_parameters,
 )
-from michelangelo.lib.trainer.torch.pytorch_lightning._param import LightningTrainerParam
-from michelangelo.lib.trainer.torch.pytorch_lightning._signature_check import (
+from michelangelo.lib.trainer.torch.pytorch_lightning._config._param import LightningTrainerParam
+from michelangelo.lib.trainer.torch.pytorch_lightning._config._signature_check import (
     closest,
     describe,
     matches,

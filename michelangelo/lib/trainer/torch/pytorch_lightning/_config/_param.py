@@ -8,11 +8,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from michelangelo.lib.trainer.torch.pytorch_lightning._signature_check import (
+from michelangelo.lib.trainer.torch.pytorch_lightning._config._signature_check import (
     check_kwargs,
     signature_of,
 )
-from michelangelo.lib.trainer.torch.pytorch_lightning.schema import (
+from michelangelo.lib.trainer.torch.pytorch_lightning._config._specs import (
     IncrementalTrainingSpec,
     TransferLearningSpec,
 )

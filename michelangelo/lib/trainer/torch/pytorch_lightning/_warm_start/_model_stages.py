@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from michelangelo.errors import MichelangeloError
-from michelangelo.lib.trainer.torch.pytorch_lightning._preflight import build_meta_model
+from michelangelo.lib.trainer.torch.pytorch_lightning._config import build_meta_model
 
 __all__ = ["AFTER", "BEFORE", "ConfigureModelError", "MetaModels", "first_stage_that_fits", "has_configure_model",
            "run_after_configure", "stage_on_worker"]

@@ -40,13 +40,17 @@ def _ray_deepspeed() -> type:
 
 
 def _ray_fsdp2() -> type:
-    from michelangelo.lib.trainer.torch.pytorch_lightning._fsdp2 import RayModelParallelStrategy
+    from michelangelo.lib.trainer.torch.pytorch_lightning._strategies._fsdp2 import (
+        RayModelParallelStrategy,
+    )
 
     return RayModelParallelStrategy
 
 
 def _check_fsdp2_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
-    from michelangelo.lib.trainer.torch.pytorch_lightning._fsdp2 import validate_fsdp2_kwargs
+    from michelangelo.lib.trainer.torch.pytorch_lightning._strategies._fsdp2 import (
+        validate_fsdp2_kwargs,
+    )
 
     return validate_fsdp2_kwargs(kwargs)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from michelangelo.lib.trainer.torch.pytorch_lightning.schema import TransferLearningSpec
+from michelangelo.lib.trainer.torch.pytorch_lightning._config import TransferLearningSpec
 
 __all__ = ["freeze_layers", "frozen_names"]
 

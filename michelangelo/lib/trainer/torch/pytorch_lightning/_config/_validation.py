@@ -10,9 +10,13 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from michelangelo.lib.trainer.torch.pytorch_lightning._lightning_kwargs import ResolvedKwargs
-from michelangelo.lib.trainer.torch.pytorch_lightning._param import LightningTrainerParam
-from michelangelo.lib.trainer.torch.pytorch_lightning._trainer_probe import check_trainer_values
+from michelangelo.lib.trainer.torch.pytorch_lightning._config._lightning_kwargs import (
+    ResolvedKwargs,
+)
+from michelangelo.lib.trainer.torch.pytorch_lightning._config._param import LightningTrainerParam
+from michelangelo.lib.trainer.torch.pytorch_lightning._config._trainer_probe import (
+    check_trainer_values,
+)
 
 # Everything that travels to the workers inside the loop config.
 _SHIPPED_FIELDS = (

@@ -15,9 +15,9 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
-from michelangelo.lib.trainer.torch.pytorch_lightning._param import LightningTrainerParam
-from michelangelo.lib.trainer.torch.pytorch_lightning._signature_check import check_kwargs
-from michelangelo.lib.trainer.torch.pytorch_lightning._strategy import (
+from michelangelo.lib.trainer.torch.pytorch_lightning._config._param import LightningTrainerParam
+from michelangelo.lib.trainer.torch.pytorch_lightning._config._signature_check import check_kwargs
+from michelangelo.lib.trainer.torch.pytorch_lightning._strategies import (
     StrategyChoice,
     choose_strategy,
 )
