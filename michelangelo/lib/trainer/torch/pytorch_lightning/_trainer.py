@@ -63,7 +63,15 @@ class LightningTrainer(TorchTrainer):
 
     Raises:
         ValueError: Any invalid setting, naming the field and the fix.
+
+    Attributes:
+        split_for_workers: How in-memory ingest splits the datasets, once per fit on the
+            driver: ``split_for_workers(datasets, num_workers)`` returns, per dataset name,
+            one list of block references per worker. A subclass may replace it (a test
+            double that records the calls, for example); it must keep that contract.
     """
+
+    split_for_workers = staticmethod(split_for_workers)
 
     def __init__(
         self,
@@ -137,10 +145,10 @@ class LightningTrainer(TorchTrainer):
             if (spec.in_memory and isinstance(workers, int) and datasets
                     and not self._own_data_config):
                 # Split here, once; Ray Train then has no datasets, so it starts no split
-                # coordinator (see _inmemory_data.split_for_workers). A user's DataConfig
+                # coordinator (see _ingest._inmemory_data.split_for_workers). A user's DataConfig
                 # (datasets not split, its own configure) keeps Ray Train's sharding.
                 spec = dataclasses.replace(
-                    spec, shard_blocks=split_for_workers(datasets, max(workers, 1)))
+                    spec, shard_blocks=self.split_for_workers(datasets, max(workers, 1)))
                 self.datasets = {}
             self.train_loop_config = {"spec": spec}
             try:

@@ -3,31 +3,22 @@
 from __future__ import annotations
 
 import pytest
-import ray
-import ray.data
 import torch
-from _models import make_regression_datasets, start_test_ray
+from _models import make_regression_datasets
 
 from michelangelo.lib.trainer.torch.pytorch_lightning._ingest._data import (
     SizedBatches,
     rows_per_worker,
 )
 
+RAY_NUM_CPUS = 2
+RAY_PRESERVE_ORDER = True  # the order tests compare two passes over one shard
+
 
 @pytest.fixture(scope="module")
-def shard():
-    start_test_ray(num_cpus=2)
-    # Ray Data may hand blocks over in any order (preserve_order is off by default, and on a
-    # loaded machine the order does change); the order tests compare two passes, so pin it.
-    context = ray.data.DataContext.get_current()
-    before = context.execution_options.preserve_order
-    context.execution_options.preserve_order = True
-    try:
-        train, _ = make_regression_datasets(48, 8)
-        yield train.iterator()
-    finally:
-        context.execution_options.preserve_order = before
-        ray.shutdown()
+def shard(ray_cluster):
+    train, _ = make_regression_datasets(48, 8)
+    return train.iterator()
 
 
 def ys(batches):

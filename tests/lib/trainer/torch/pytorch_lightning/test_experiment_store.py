@@ -327,17 +327,7 @@ def test_store_survives_pickling(tmp_path, monkeypatch):
         tmp_path / "driver" / "experiment_store")
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(address="local", num_cpus=4, include_dashboard=False,
-             object_store_memory=200 * 2**20)
-    try:
-        yield
-    finally:
-        ray.shutdown()
-
-
-def test_store_used_inside_ray_tasks(ray_local, tmp_path):
+def test_store_used_inside_ray_tasks(ray_cluster, tmp_path):
     store = FsspecExperimentStore(str(tmp_path / "store"))
     experiment = tmp_path / "exp"
     _make_checkpoint(str(experiment), "checkpoint_2026-01-01_00-00-00.000001")
@@ -395,7 +385,7 @@ def _two_epoch_loop(config: dict) -> None:
     trainer.fit(Linear(), train_dataloaders=DataLoader(TensorDataset(x, x[:, :1]), batch_size=8))
 
 
-def test_store_finds_the_latest_checkpoint_of_a_real_ray_run(ray_local, tmp_path):
+def test_store_finds_the_latest_checkpoint_of_a_real_ray_run(ray_cluster, tmp_path):
     import sys
 
     import torch

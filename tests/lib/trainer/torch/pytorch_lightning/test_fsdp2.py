@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import ray
 import torch
-from _models import create_tiny_fsdp2_model, regression_rows, ship_by_value
+from _models import ISOLATED_STATE_API, create_tiny_fsdp2_model, regression_rows, ship_by_value
 from ray.train import Checkpoint, RunConfig, ScalingConfig
 
 from michelangelo.lib.trainer.torch.pytorch_lightning._strategies._fsdp2 import (
@@ -19,12 +19,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._strategies._fsdp2 import 
 
 ship_by_value(__name__)
 
-# Ray Train V2's PlacementGroupCleaner asks the state API whether the controller is alive. Without
-# an address it follows /tmp/ray/ray_current_cluster, which may name ANOTHER Ray instance on this
-# shared host; that instance does not know our controller, so the cleaner removes our placement
-# group mid-run. Pointing the state API at a closed port makes the query fail, which the cleaner
-# treats as "unknown, keep monitoring".
-ISOLATED_STATE_API = {"env_vars": {"RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9"}}
+RAY_ENV_VARS = ISOLATED_STATE_API  # Ray Train runs below; see _models.ISOLATED_STATE_API
 
 
 # ---------------------------------------------------------------------------------------------
@@ -83,19 +78,6 @@ def test_strategy_constructor_applies_the_same_checks():
 # ---------------------------------------------------------------------------------------------
 # FSDP2 on two Ray Train workers
 # ---------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(
-        address="local",
-        num_cpus=4,
-        include_dashboard=False,
-        object_store_memory=200 * 2**20,
-        runtime_env=ISOLATED_STATE_API,
-    )
-    yield
-    ray.shutdown()
 
 
 def _fsdp2_loop(config: dict) -> None:
@@ -161,7 +143,7 @@ def _run(tmp_path: Path, name: str, max_epochs: int):
     return trainer.fit()
 
 
-def test_fsdp2_trains_saves_dcp_and_resumes_on_two_ray_workers(ray_local, tmp_path):
+def test_fsdp2_trains_saves_dcp_and_resumes_on_two_ray_workers(ray_cluster, tmp_path):
     first = _run(tmp_path, "fsdp2-run", max_epochs=1)
     assert first.error is None
     assert first.metrics["dp_size"] == 2

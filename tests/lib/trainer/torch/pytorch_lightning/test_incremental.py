@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pytest
 import pytorch_lightning as pl
-import ray
 import torch
 from _models import (
     TinyRegressor,
@@ -18,7 +17,6 @@ from _models import (
     make_regression_datasets,
     regression_rows,
     ship_by_value,
-    start_test_ray,
 )
 from ray.train import RunConfig, ScalingConfig
 from torch.utils.data import DataLoader
@@ -43,11 +41,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start._incremental i
 ship_by_value(__name__)
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    start_test_ray(num_cpus=3)
-    yield
-    ray.shutdown()
+RAY_NUM_CPUS = 3
 
 
 @pytest.fixture

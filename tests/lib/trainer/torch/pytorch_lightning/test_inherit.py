@@ -9,9 +9,8 @@ LightningTrainer constructor, on the driver, before any worker exists.
 from __future__ import annotations
 
 import pytest
-import ray
 import torch
-from _models import create_tiny_model, make_regression_datasets, ship_by_value, start_test_ray
+from _models import create_tiny_model, make_regression_datasets, ship_by_value
 from ray.train import RunConfig, ScalingConfig
 
 from michelangelo.lib.model_registry import ModelRegistry, RevisionNotFoundError
@@ -31,11 +30,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start._inherit impor
 ship_by_value(__name__)
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    start_test_ray(num_cpus=3)
-    yield
-    ray.shutdown()
+RAY_NUM_CPUS = 3
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ import pytest
 import pytorch_lightning as pl
 import ray
 import torch
-from _models import create_tiny_model, make_regression_datasets, ship_by_value, start_test_ray
+from _models import create_tiny_model, make_regression_datasets, ship_by_value
 from ray.data.collate_fn import ArrowBatchCollateFn, NumpyBatchCollateFn, PandasBatchCollateFn
 from ray.train import RunConfig, ScalingConfig
 
@@ -41,6 +41,9 @@ _QUICKSTART = os.path.join(os.path.dirname(__file__), *[os.pardir] * 5, "example
                            "quickstart", "workflow.py")
 
 
+RAY_PRESERVE_ORDER = True  # two passes over one dataset are compared
+
+
 def _load_quickstart():
     spec = importlib.util.spec_from_file_location("quickstart_workflow_for_tests", _QUICKSTART)
     module = importlib.util.module_from_spec(spec)
@@ -51,21 +54,6 @@ def _load_quickstart():
 
 
 quickstart = _load_quickstart()
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    start_test_ray(num_cpus=4)
-    # Two passes over one dataset are compared below; Ray Data may hand blocks over in another
-    # order each time on a loaded machine (preserve_order is off by default), so pin it.
-    context = ray.data.DataContext.get_current()
-    before = context.execution_options.preserve_order
-    context.execution_options.preserve_order = True
-    try:
-        yield
-    finally:
-        context.execution_options.preserve_order = before
-        ray.shutdown()
 
 
 @pytest.fixture(autouse=True)
@@ -344,20 +332,23 @@ def rows_with_id(batch: dict) -> dict:
     return {"id": batch["id"], **quickstart._rows(batch)}
 
 
+class CountingSplitTrainer(LightningTrainer):
+    """Test double: a ``LightningTrainer`` that records each in-memory split it makes."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.splits: list[tuple[list[str], int]] = []
+
+    def split_for_workers(self, datasets, workers):
+        self.splits.append((sorted(datasets), workers))
+        return split_for_workers(datasets, workers)
+
+
 def train_once(tmp_path, monkeypatch, switch: str, train, val) -> tuple[dict, LightningTrainer]:
     record_dir = tmp_path / f"records-{switch}"
     record_dir.mkdir()
     monkeypatch.setenv(ENV_SWITCH, switch)
-    from michelangelo.lib.trainer.torch.pytorch_lightning import _trainer
-
-    splits = []
-
-    def counting_split(datasets, workers):
-        splits.append((sorted(datasets), workers))
-        return split_for_workers(datasets, workers)
-
-    monkeypatch.setattr(_trainer, "split_for_workers", counting_split)
-    trainer = LightningTrainer(
+    trainer = CountingSplitTrainer(
         trainer_param=LightningTrainerParam(
             create_model_fn=create_recording_model,
             create_model_fn_kwargs={"record_dir": str(record_dir)},
@@ -373,7 +364,7 @@ def train_once(tmp_path, monkeypatch, switch: str, train, val) -> tuple[dict, Li
         with open(path) as handle:
             seen[path] = {int(k): v for k, v in json.load(handle).items()}
     # In memory, the driver splits once and Ray Train gets no datasets (no split coordinator).
-    assert splits == ([(["train", "val"], 2)] if switch == "1" else [])
+    assert trainer.splits == ([(["train", "val"], 2)] if switch == "1" else [])
     assert sorted(trainer.datasets) == ["train", "val"]  # handed back after the fit
     return {"val_loss": float(result["metrics"]["val_loss"]), "seen": seen}, trainer
 
@@ -409,7 +400,7 @@ def test_every_row_once_per_epoch_and_the_loss_of_plain_lightning(
         tmp_path, monkeypatch, quickstart_data, switch):
     train, val, all_ids, reference = quickstart_data
     result, trainer = train_once(tmp_path, monkeypatch, switch, train, val)
-    assert trainer._ingest.in_memory is (switch == "1")
+    assert bool(trainer.splits) is (switch == "1")  # in memory: the driver split the data
     assert len(result["seen"]) == 2
     for epoch in range(3):
         union = sorted(i for seen in result["seen"].values() for i in seen[epoch])

@@ -5,8 +5,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
-import ray
-from _models import create_tiny_model, make_regression_datasets, start_test_ray
+from _models import create_tiny_model, make_regression_datasets
 from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
 from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.profilers import SimpleProfiler
@@ -16,12 +15,12 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._config._lightning_kwargs 
     resolve_lightning_kwargs,
 )
 
+RAY_NUM_CPUS = 1
+
 
 @pytest.fixture(scope="module")
-def data():
-    start_test_ray(num_cpus=1)
-    yield make_regression_datasets(16, 8)
-    ray.shutdown()
+def data(ray_cluster):
+    return make_regression_datasets(16, 8)
 
 
 def resolve(data, lightning_trainer_kwargs=None, **kwargs):

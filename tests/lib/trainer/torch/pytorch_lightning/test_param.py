@@ -6,8 +6,7 @@ import dataclasses
 import warnings
 
 import pytest
-import ray
-from _models import create_tiny_model, make_regression_datasets, start_test_ray
+from _models import create_tiny_model, make_regression_datasets
 
 from michelangelo.lib.trainer.torch.pytorch_lightning import (
     IncrementalTrainingSpec,
@@ -15,12 +14,12 @@ from michelangelo.lib.trainer.torch.pytorch_lightning import (
     TransferLearningSpec,
 )
 
+RAY_NUM_CPUS = 1
+
 
 @pytest.fixture(scope="module")
-def data():
-    start_test_ray(num_cpus=1)
-    yield make_regression_datasets(16, 8)
-    ray.shutdown()
+def data(ray_cluster):
+    return make_regression_datasets(16, 8)
 
 
 def make(data, **kwargs):

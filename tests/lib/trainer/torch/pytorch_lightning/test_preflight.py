@@ -6,9 +6,8 @@ import warnings
 
 import pytest
 import pytorch_lightning as pl
-import ray
 import torch
-from _models import create_tiny_model, make_regression_datasets, start_test_ray
+from _models import create_tiny_model, make_regression_datasets
 from ray.train import RunConfig, ScalingConfig
 
 from michelangelo.lib.trainer.torch.pytorch_lightning import (
@@ -26,12 +25,12 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._strategies._registry impo
 from michelangelo.uniflow.plugins.ray import RayTask
 from michelangelo.uniflow.plugins.ray._capacity import active_ray_task
 
+RAY_NUM_CPUS = 2
+
 
 @pytest.fixture(scope="module")
-def data():
-    start_test_ray(num_cpus=2)
-    yield make_regression_datasets(16, 8)
-    ray.shutdown()
+def data(ray_cluster):
+    return make_regression_datasets(16, 8)
 
 
 def tiny_params(hidden_dim):

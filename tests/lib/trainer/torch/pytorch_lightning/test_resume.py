@@ -6,13 +6,11 @@ import logging
 import os
 
 import pytest
-import ray
 from _models import (
     create_probe_model,
     make_regression_datasets,
     read_records,
     ship_by_value,
-    start_test_ray,
 )
 from ray.train import RunConfig, ScalingConfig
 
@@ -27,11 +25,7 @@ from michelangelo.uniflow.plugins.ray import CapacityError
 ship_by_value(__name__)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster():
-    start_test_ray()
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
 def _fake_experiment(root, name, checkpoints=("checkpoint_2026-01-01_00-00-00.000001",)):
@@ -110,7 +104,7 @@ def test_run_config_passed_to_train_warns_with_a_store(tmp_path):
     assert trainer.train_run_context.run_config is override
 
 
-def test_store_resumes_when_ray_state_is_gone(tmp_path):
+def test_store_resumes_when_ray_state_is_gone(tmp_path, caplog):
     records = tmp_path / "rec"
     records.mkdir()
     store = FsspecExperimentStore(root=str(tmp_path / "store"))
@@ -120,8 +114,9 @@ def test_store_resumes_when_ray_state_is_gone(tmp_path):
     os.remove(tmp_path / "ray" / "stored" / "checkpoint_manager_snapshot.json")
     assert store.locate_resumable(str(tmp_path / "ray"), "stored") == str(
         tmp_path / "ray" / "stored")
-    second = _trainer(tmp_path, records, "stored", store, max_epochs=2)
-    assert second._resume_plan.seed_checkpoint is not None
+    with caplog.at_level(logging.INFO):
+        second = _trainer(tmp_path, records, "stored", store, max_epochs=2)
+    assert "resuming from experiment_store checkpoint" in caplog.text  # decided at construction
     result = second.train()
     starts = read_records(str(records), "train_start")
     assert [s["global_step"] for s in starts] == [2, 2]

@@ -5,13 +5,11 @@ from __future__ import annotations
 import os
 
 import pytest
-import ray
 import torch
 from _models import (
     create_tiny_model,
     make_regression_datasets,
     ship_by_value,
-    start_test_ray,
 )
 from ray.train import RunConfig, ScalingConfig
 
@@ -23,11 +21,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning import (
 ship_by_value(__name__)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster():
-    start_test_ray()
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
 def _run(tmp_path, name, factory, strategy, use_gpu=False, **extra):

@@ -16,7 +16,6 @@ from _models import (
     create_tiny_model,
     make_regression_datasets,
     ship_by_value,
-    start_test_ray,
 )
 from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
 from ray.train import RunConfig, ScalingConfig
@@ -26,15 +25,17 @@ from michelangelo.lib.trainer.torch.pytorch_lightning import (
     LightningTrainerParam,
     TransferLearningSpec,
 )
+from michelangelo.lib.trainer.torch.pytorch_lightning._config import resolve_lightning_kwargs
 
 ship_by_value(__name__)
 
 
+RAY_NUM_CPUS = 2
+
+
 @pytest.fixture(scope="module")
-def data():
-    start_test_ray(num_cpus=2)
-    yield make_regression_datasets(16, 8)
-    ray.shutdown()
+def data(ray_cluster):
+    return make_regression_datasets(16, 8)
 
 
 class LockedObserver:
@@ -249,13 +250,11 @@ def test_common_trainer_arguments_pass_the_probe(data, tmp_path):
         "callbacks": [EarlyStopping("val_loss"), ModelCheckpoint(monitor="val_loss")],
         "strategy": "ddp", "strategy_kwargs": {"find_unused_parameters": False},
     }
-    trainer = LightningTrainer(
-        trainer_param=LightningTrainerParam(
-            create_model_fn=create_tiny_model, create_model_fn_kwargs={"hidden_dim": 4},
-            train_data=train, val_data=val, lightning_trainer_kwargs=kwargs),
-        scaling_config=ScalingConfig(num_workers=1),
-    )
-    assert trainer._resolved.trainer_kwargs["max_steps"] == 6
+    param = LightningTrainerParam(
+        create_model_fn=create_tiny_model, create_model_fn_kwargs={"hidden_dim": 4},
+        train_data=train, val_data=val, lightning_trainer_kwargs=kwargs)
+    LightningTrainer(trainer_param=param, scaling_config=ScalingConfig(num_workers=1))
+    assert resolve_lightning_kwargs(param).trainer_kwargs["max_steps"] == 6
 
 
 def test_probe_writes_nothing_and_leaves_the_driver_as_it_was(data, tmp_path, capfd, caplog):
@@ -311,14 +310,16 @@ def test_val_data_none_trains_without_validation_and_warns_once(data, tmp_path):
         trainer = LightningTrainer(
             trainer_param=LightningTrainerParam(
                 create_model_fn=create_tiny_model, create_model_fn_kwargs={},
-                train_data=train, val_data=None),
+                train_data=train, val_data=None, lightning_trainer_kwargs={"max_epochs": 1}),
             run_config=RunConfig(name="noval", storage_path=str(tmp_path)),
             scaling_config=ScalingConfig(num_workers=1),
         )
     messages = [str(w.message) for w in caught if "val_data=None" in str(w.message)]
     assert len(messages) == 1 and "trains without validation" in messages[0]
     assert set(trainer.datasets) == {"train"}
-    assert trainer._worker_spec().val_rows is None
+    metrics = trainer.train()["metrics"]
+    assert metrics["step"] == 2  # 16 rows in batches of 8, one epoch
+    assert not [name for name in metrics if name.startswith("val")]
 
 
 def test_val_data_none_names_monitored_metrics(data):

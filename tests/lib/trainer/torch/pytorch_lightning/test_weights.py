@@ -6,7 +6,6 @@ import os
 
 import fsspec
 import pytest
-import ray
 import torch
 from _models import (
     ProbeRegressor,
@@ -14,7 +13,6 @@ from _models import (
     make_regression_datasets,
     read_records,
     ship_by_value,
-    start_test_ray,
     tiny_state_dict,
 )
 from fsspec.implementations.memory import MemoryFileSystem
@@ -33,6 +31,9 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start._weights impor
 ship_by_value(__name__)
 
 READ_LOG_ENV = "MICHELANGELO_TEST_READ_LOG"
+
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
 def counting_fs_class(read_log: str) -> type:
@@ -79,13 +80,6 @@ def create_with_counting_fs(record_dir, read_log, blob_file, url):
     with open(blob_file, "rb") as handle:
         install_counting_fs(read_log, handle.read(), url[len("countmem://"):])
     return create_probe_model(record_dir)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster():
-    start_test_ray()
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -67,7 +67,7 @@ def build_meta_model(create_model_fn: Any, kwargs: dict[str, Any], configure: bo
     exception from ``configure_model()`` never fails the driver: the hook may use what only
     the distributed run has (``self.device_mesh``, ``self.trainer``, a process group), so the
     build is skipped with a DEBUG log and the decisions it fed move to the workers, where an
-    error in the hook names it (see ``_model_stages.run_after_configure``).
+    error in the hook names it (see ``_warm_start._model_stages.run_after_configure``).
 
     Raises:
         ValueError: The factory raised for another reason, or returned something that is not a

@@ -1,8 +1,9 @@
 """Spec metadata for warm starts: transfer learning and incremental training.
 
 Both specs are resolved against the model registry (``michelangelo.lib.model_registry``) on
-the driver: see ``_warm_start``, ``_inherit`` and ``_incremental`` for what the trainer does
-with them. ``fused_model_submodule`` stays reserved and warns when set.
+the driver: see the ``_warm_start`` package (``_plan``, ``_inherit``, ``_incremental``) for
+what the trainer does with them. ``fused_model_submodule`` stays reserved and warns when set.
+The public import path is ``michelangelo.lib.trainer.torch.pytorch_lightning.schema``.
 """
 
 from __future__ import annotations

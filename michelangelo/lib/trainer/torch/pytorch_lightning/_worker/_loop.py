@@ -75,7 +75,7 @@ class WorkerSpec:
     seed_checkpoint: str | None
     profiler_sink: Callable[[Any, str], Any] | None
     global_batch_size: int
-    # In-memory ingest (see _inmemory_data): decided on the driver, the same for every rank.
+    # In-memory ingest (see _ingest._inmemory_data): decided on the driver, the same for every rank.
     in_memory: bool = False
     shuffle_seed: int = 0
     # Console and run record (see _progress, _metrics_record); None turns each off.
