@@ -1,5 +1,12 @@
 """Fixtures shared by the LightningTrainer tests.
 
+The tests mirror the trainer's package: one folder per private room (``_config``,
+``_strategies``, ``_ingest``, ``_warm_start``, ``_checkpoints``, ``_worker``) with one test
+module per module, and the end-to-end tests of the trainer classes here. Helpers shared by
+all of them live here too (``_models``, ``_cpu_deepspeed``, ``_documented_models``), imported
+as top-level modules (``from _models import ...``): this folder is on ``sys.path`` because
+this file is loaded first.
+
 ``ray_cluster`` starts a private local Ray for one test module and stops it when the module
 is done, so no module shares a cluster with another. A module shapes its cluster with
 module attributes:

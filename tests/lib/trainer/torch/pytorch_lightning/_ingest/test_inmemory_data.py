@@ -37,7 +37,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._ingest._inmemory_data imp
 
 ship_by_value(__name__)
 
-_QUICKSTART = os.path.join(os.path.dirname(__file__), *[os.pardir] * 5, "examples",
+_QUICKSTART = os.path.join(os.path.dirname(__file__), *[os.pardir] * 6, "examples",
                            "quickstart", "workflow.py")
 
 
