@@ -86,8 +86,8 @@ def main(argv: list[str] | None = None) -> dict:
         return {
             "body_start": body_start,
             "ready": ready,
-            "temp_dir": getattr(cluster, "_temp_dir", None),
-            "node_pids": [p.pid for p in getattr(cluster, "_procs", [])],
+            "temp_dir": getattr(cluster, "temp_dir", None),
+            "node_pids": list(getattr(cluster, "node_pids", [])),
         }
 
     raylets_before = processes_naming("uf-ray-", "raylet")

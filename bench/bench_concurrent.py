@@ -41,7 +41,7 @@ def main() -> None:
     import ray
 
     import michelangelo.uniflow.core as uniflow
-    from michelangelo.uniflow.core._console import Reporter
+    from michelangelo.uniflow.core import Reporter
     from michelangelo.uniflow.core.lib import concurrent
     from michelangelo.uniflow.plugins.ray import RayTask
 

@@ -91,7 +91,7 @@ def main() -> None:
         LightningTrainer,
         LightningTrainerParam,
     )
-    from michelangelo.uniflow.core._console import PlainReporter
+    from michelangelo.uniflow.core import PlainReporter
 
     ray_tmp = tempfile.mkdtemp(prefix="ufb-ray-", dir="/tmp")
     work = tempfile.mkdtemp(prefix="ufbench-console-")

@@ -34,7 +34,7 @@ from _common import (  # noqa: E402
 )
 
 import michelangelo.uniflow.core as uniflow  # noqa: E402
-from michelangelo.uniflow.core._console import Reporter  # noqa: E402
+from michelangelo.uniflow.core import Reporter  # noqa: E402
 
 TARGET_MS = 5.0
 

@@ -54,8 +54,8 @@ def main(argv: list[str] | None = None) -> dict:
     from ray.data.extensions import ArrowTensorArray
     from ray.data.util.torch_utils import convert_ndarray_batch_to_torch_tensor_batch as to_tensor
 
-    from michelangelo.lib.trainer.torch.pytorch_lightning._data import SizedBatches
-    from michelangelo.lib.trainer.torch.pytorch_lightning._inmemory_data import (
+    from michelangelo.lib.trainer.torch.pytorch_lightning._ingest._data import SizedBatches
+    from michelangelo.lib.trainer.torch.pytorch_lightning._ingest._inmemory_data import (
         InMemoryBatches,
         drain_shard,
     )

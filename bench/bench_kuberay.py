@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2)
     args = parser.parse_args()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    from michelangelo.uniflow.plugins.ray.kuberay._kube import KubeApi, KubeTarget
+    from michelangelo.uniflow.plugins.ray.kuberay import KubeApi, KubeTarget
 
     plane = ControlPlane(build()).start()
     try:

@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import NOISE_NOTE, alternate, median, print_table, temp_storage, write_results  # noqa: E402
 
 import michelangelo.uniflow.core as uniflow  # noqa: E402
-from michelangelo.uniflow.core._console import Reporter  # noqa: E402
+from michelangelo.uniflow.core import Reporter  # noqa: E402
 from michelangelo.uniflow.plugins.ray import RayTask  # noqa: E402
 
 TARGET_RATIO = 1.3
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
     import ray
     from ray.job_submission import JobSubmissionClient
 
-    from michelangelo.uniflow.plugins.ray._local import LocalRayCluster
+    from michelangelo.uniflow.plugins.ray import LocalRayCluster
     from michelangelo.uniflow.plugins.ray._working_dir import pack_project, project_root
 
     # Jobs run `python`: this virtualenv's, as the Python of a Ray image would be.

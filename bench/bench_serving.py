@@ -121,8 +121,7 @@ def main() -> None:
     from michelangelo.lib.model_registry import ModelRegistry
     from michelangelo.lib.serving import deploy
     from michelangelo.lib.serving._deploy import post_json
-    from michelangelo.uniflow.plugins.ray import RayTask
-    from michelangelo.uniflow.plugins.ray._local import LocalRayCluster
+    from michelangelo.uniflow.plugins.ray import LocalRayCluster, RayTask
     from michelangelo.uniflow.plugins.ray._ports import free_port
 
     work = tempfile.mkdtemp(prefix="ma-bench-serving-")

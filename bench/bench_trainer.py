@@ -381,8 +381,8 @@ def main(argv: list[str] | None = None) -> dict:
         LightningTrainer,
         LightningTrainerParam,
     )
-    from michelangelo.lib.trainer.torch.pytorch_lightning._inmemory_data import ENV_SWITCH
 
+    ENV_SWITCH = "MA_TRAINER_INMEMORY"  # the user's switch for in-memory ingest (README)
     gpus = torch.cuda.device_count() if args.gpu else 0
     if args.gpu and gpus < 1:
         raise SystemExit("--gpu: torch sees no CUDA device on this machine")

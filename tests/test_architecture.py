@@ -9,7 +9,8 @@ and its subpackages are different packages (``plugins.ray`` and ``plugins.ray.ku
    ``plugins.ray.provisioning``, ``plugins.ray.standing``, ...).
 2. The imports between packages form no cycle.
 
-Examples (``examples/``) import only public names, like any user.
+Examples (``examples/``) import only public names, like any user; so do benchmarks
+(``bench/``), but for the internals that ``BENCH_INTERNALS`` lists with a reason.
 
 Every import statement counts, wherever it is: module level, inside functions, under
 ``TYPE_CHECKING``. Imports by string (``importlib.import_module``, entry points) are not
@@ -157,9 +158,10 @@ def test_no_package_imports_another_packages_private_modules_or_names():
         "michelangelo.uniflow.core.plugin):\n" + "\n".join(found))
 
 
-def _private_in_examples(root: pathlib.Path) -> list[str]:
+def _private_in(root: pathlib.Path, folder: str) -> list[str]:
+    """Imports of underscored ``michelangelo`` modules or names in the scripts under ``folder``."""
     found = []
-    for path in sorted((root / "examples").rglob("*.py")):
+    for path in sorted((root / folder).rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -175,9 +177,52 @@ def _private_in_examples(root: pathlib.Path) -> list[str]:
     return found
 
 
+def _private_in_examples(root: pathlib.Path) -> list[str]:
+    return _private_in(root, "examples")
+
+
 def test_examples_import_only_public_names():
     found = _private_in_examples(ROOT)
     assert not found, "Examples must use public names only:\n" + "\n".join(found)
+
+
+# Benchmarks that time one internal piece on its own, which no public name offers (a face for
+# them would exist only for the benchmark). Each entry is "file: imported name"; everything
+# else a benchmark imports must be public, like a user's script.
+BENCH_INTERNALS = {
+    # Ray Data batches vs the trainer's in-memory batches, without a training loop around them.
+    "bench/bench_ingest.py: michelangelo.lib.trainer.torch.pytorch_lightning._ingest._data.SizedBatches",
+    "bench/bench_ingest.py: michelangelo.lib.trainer.torch.pytorch_lightning._ingest._inmemory_data.InMemoryBatches",
+    "bench/bench_ingest.py: michelangelo.lib.trainer.torch.pytorch_lightning._ingest._inmemory_data.drain_shard",
+    # DatasetIO's write and read, with its describe step timed by wrapping the module function.
+    "bench/bench_dataset.py: michelangelo.workflow.variables._dataset_io",
+    "bench/bench_dataset.py: michelangelo.workflow.variables._dataset_io.DatasetIO",
+    # One KubeRay cluster's phases and one Jobs submission, without a workflow run around them.
+    "bench/bench_kuberay.py: michelangelo.uniflow.plugins.ray._jobs.JobsCluster",
+    "bench/bench_kuberay.py: michelangelo.uniflow.plugins.ray.kuberay._provisioner.KubeRayCluster",
+    # The cluster a task runs on, read inside the task to time its start.
+    "bench/bench_cluster_start.py: michelangelo.uniflow.plugins.ray._guard",
+    # Packing the project for a remote run, timed apart from the submission.
+    "bench/bench_remote.py: michelangelo.uniflow.plugins.ray._working_dir.pack_project",
+    "bench/bench_remote.py: michelangelo.uniflow.plugins.ray._working_dir.project_root",
+    # Serving's own HTTP client and app, and a free port for a Serve instance outside a run.
+    "bench/bench_serving.py: michelangelo.lib.serving._deploy.post_json",
+    "bench/bench_serving.py: michelangelo.uniflow.plugins.ray._ports.free_port",
+    "bench/bench_serving_binary.py: michelangelo.uniflow.plugins.ray._ports.free_port",
+    "bench/bench_serving_generate.py: michelangelo.uniflow.plugins.ray._ports.free_port",
+    "bench/bench_serving_rollout.py: michelangelo.uniflow.plugins.ray._ports.free_port",
+    "bench/bench_serving_rollout.py: michelangelo.lib.serving._app.build_app",
+}
+
+
+def test_benchmarks_import_only_public_names_but_the_listed_internals():
+    found = {line.split(":", 1)[0] + ":" + line.split(":", 2)[2]
+             for line in _private_in(ROOT, "bench")}
+    unlisted = sorted(found - BENCH_INTERNALS)
+    assert not unlisted, (
+        "Benchmarks must use public names (or time an internal listed in BENCH_INTERNALS, "
+        "with the reason):\n" + "\n".join(unlisted))
+    assert not BENCH_INTERNALS - found, f"stale BENCH_INTERNALS: {sorted(BENCH_INTERNALS - found)}"
 
 
 def test_no_import_cycle_between_packages():
@@ -240,6 +285,12 @@ def test_the_checks_catch_private_imports_and_cycles_in_a_bad_tree(tmp_path):
         "examples/demo.py:2: michelangelo.b._impl",
         "examples/demo.py:3: michelangelo.a._x",
     ]
+    _write(tmp_path, {"bench/bench_demo.py": """\
+        def main():
+            from michelangelo.a._x import value
+            from michelangelo.c import public_name
+        """})
+    assert _private_in(tmp_path, "bench") == ["bench/bench_demo.py:2: michelangelo.a._x.value"]
 
 
 def test_the_checks_pass_a_tree_that_keeps_the_rules(tmp_path):

@@ -16,6 +16,7 @@ Typical use::
         print(uniflow.create_context().run(pipeline, 2))
 """
 
+from michelangelo.uniflow.core._console import PlainReporter, Reporter
 from michelangelo.uniflow.core._context import (
     Context,
     RunOption,
@@ -49,7 +50,9 @@ from michelangelo.uniflow.core.errors import (
 
 __all__ = [
     "Context",
+    "PlainReporter",
     "RemoteTaskError",
+    "Reporter",
     "RunNotFoundError",
     "RunOption",
     "RunState",

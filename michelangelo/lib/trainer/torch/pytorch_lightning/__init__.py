@@ -1,6 +1,11 @@
 """LightningTrainer: PyTorch Lightning training loops on Ray Train workers.
 
-Public names only; the implementation lives in the underscored modules next to this file.
+Public names only. The implementation lives in private subpackages, one concept each:
+``_config`` (parameters, kwargs resolution, driver-side checks), ``_strategies`` (the strategy
+registry), ``_ingest`` (how a worker reads its shard), ``_warm_start`` (initial weights,
+registry warm starts, freezing), ``_checkpoints`` (auto-resume and the experiment store) and
+``_worker`` (the loop each Ray Train worker runs and what it reports); ``_trainer`` and
+``_state_dict`` hold the two trainer classes.
 """
 
 from __future__ import annotations
@@ -9,21 +14,25 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from michelangelo.lib.trainer.torch.pytorch_lightning._experiment_store import (
+    from michelangelo.lib.trainer.torch.pytorch_lightning._checkpoints import (
         ExperimentStore,
         FsspecExperimentStore,
     )
-    from michelangelo.lib.trainer.torch.pytorch_lightning._fsdp2 import RayModelParallelStrategy
-    from michelangelo.lib.trainer.torch.pytorch_lightning._observer import TrainingObserver
-    from michelangelo.lib.trainer.torch.pytorch_lightning._param import LightningTrainerParam
-    from michelangelo.lib.trainer.torch.pytorch_lightning._profiler_sinks import (
-        comet_profiler_sink,
-        mlflow_profiler_sink,
+    from michelangelo.lib.trainer.torch.pytorch_lightning._config import (
+        LightningTrainerParam,
+        TrainingObserver,
     )
     from michelangelo.lib.trainer.torch.pytorch_lightning._state_dict import (
         LightningTrainerWithStateDict,
     )
+    from michelangelo.lib.trainer.torch.pytorch_lightning._strategies import (
+        RayModelParallelStrategy,
+    )
     from michelangelo.lib.trainer.torch.pytorch_lightning._trainer import LightningTrainer
+    from michelangelo.lib.trainer.torch.pytorch_lightning._worker import (
+        comet_profiler_sink,
+        mlflow_profiler_sink,
+    )
     from michelangelo.lib.trainer.torch.pytorch_lightning.schema import (
         IncrementalTrainingSpec,
         LearningMode,
@@ -35,20 +44,20 @@ if TYPE_CHECKING:
 # Loaded on first use: ``ModelSpec`` and the ``schema`` specs come without paying for
 # Lightning and Ray Train. (``ModelSpec`` itself lives in ``michelangelo.lib.checkpoints``.)
 _LAZY = {
-    "ExperimentStore": "_experiment_store",
-    "FsspecExperimentStore": "_experiment_store",
+    "ExperimentStore": "_checkpoints",
+    "FsspecExperimentStore": "_checkpoints",
     "IncrementalTrainingSpec": "schema",
     "LearningMode": "schema",
     "LightningTrainer": "_trainer",
-    "LightningTrainerParam": "_param",
+    "LightningTrainerParam": "_config",
     "LightningTrainerWithStateDict": "_state_dict",
     "ModelSpec": "schema",
-    "RayModelParallelStrategy": "_fsdp2",
-    "TrainingObserver": "_observer",
+    "RayModelParallelStrategy": "_strategies",
+    "TrainingObserver": "_config",
     "TransferLearningMetadata": "schema",
     "TransferLearningSpec": "schema",
-    "comet_profiler_sink": "_profiler_sinks",
-    "mlflow_profiler_sink": "_profiler_sinks",
+    "comet_profiler_sink": "_worker",
+    "mlflow_profiler_sink": "_worker",
 }
 
 

@@ -10,39 +10,35 @@ from typing import Any
 from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
-from michelangelo.lib.trainer.torch.pytorch_lightning._freeze import frozen_names
-from michelangelo.lib.trainer.torch.pytorch_lightning._inmemory_data import (
+from michelangelo.lib.trainer.torch.pytorch_lightning._checkpoints import (
+    experiment_dir_of,
+    plan_resume,
+)
+from michelangelo.lib.trainer.torch.pytorch_lightning._config import (
+    DeferredMemoryCheck,
+    LightningTrainerParam,
+    check_all,
+    check_memory,
+    count_meta_parameters,
+    resolve_lightning_kwargs,
+)
+from michelangelo.lib.trainer.torch.pytorch_lightning._ingest import (
     plan_ingest,
     shuffle_seed,
     split_for_workers,
 )
-from michelangelo.lib.trainer.torch.pytorch_lightning._lightning_kwargs import (
-    resolve_lightning_kwargs,
-)
-from michelangelo.lib.trainer.torch.pytorch_lightning._loop import (
-    WorkerSpec,
-    train_loop_per_worker,
-)
-from michelangelo.lib.trainer.torch.pytorch_lightning._model_stages import (
+from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start import (
     MetaModels,
-    first_stage_that_fits,
-)
-from michelangelo.lib.trainer.torch.pytorch_lightning._param import LightningTrainerParam
-from michelangelo.lib.trainer.torch.pytorch_lightning._preflight import (
-    DeferredMemoryCheck,
-    check_memory,
-    count_meta_parameters,
-)
-from michelangelo.lib.trainer.torch.pytorch_lightning._resume import (
-    experiment_dir_of,
-    plan_resume,
-)
-from michelangelo.lib.trainer.torch.pytorch_lightning._validation import check_all
-from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start import plan_warm_start
-from michelangelo.lib.trainer.torch.pytorch_lightning._weights import (
     check_initial_weights_fit,
     check_weights_path,
+    first_stage_that_fits,
+    frozen_names,
     local_state_dict_shapes,
+    plan_warm_start,
+)
+from michelangelo.lib.trainer.torch.pytorch_lightning._worker import (
+    WorkerSpec,
+    train_loop_per_worker,
 )
 
 logger = logging.getLogger(__name__)
@@ -67,7 +63,15 @@ class LightningTrainer(TorchTrainer):
 
     Raises:
         ValueError: Any invalid setting, naming the field and the fix.
+
+    Attributes:
+        split_for_workers: How in-memory ingest splits the datasets, once per fit on the
+            driver: ``split_for_workers(datasets, num_workers)`` returns, per dataset name,
+            one list of block references per worker. A subclass may replace it (a test
+            double that records the calls, for example); it must keep that contract.
     """
+
+    split_for_workers = staticmethod(split_for_workers)
 
     def __init__(
         self,
@@ -130,7 +134,7 @@ class LightningTrainer(TorchTrainer):
             "accumulate_grad_batches %d)", self.global_batch_size,
             self.trainer_param.batch_size, self._resolved.accumulate_grad_batches,
         )
-        from michelangelo.lib.trainer.torch.pytorch_lightning._progress import watch_progress
+        from michelangelo.lib.trainer.torch.pytorch_lightning._worker import watch_progress
 
         with watch_progress(_progress_label()) as progress_key:
             spec = self._worker_spec()
@@ -141,10 +145,10 @@ class LightningTrainer(TorchTrainer):
             if (spec.in_memory and isinstance(workers, int) and datasets
                     and not self._own_data_config):
                 # Split here, once; Ray Train then has no datasets, so it starts no split
-                # coordinator (see _inmemory_data.split_for_workers). A user's DataConfig
+                # coordinator (see _ingest._inmemory_data.split_for_workers). A user's DataConfig
                 # (datasets not split, its own configure) keeps Ray Train's sharding.
                 spec = dataclasses.replace(
-                    spec, shard_blocks=split_for_workers(datasets, max(workers, 1)))
+                    spec, shard_blocks=self.split_for_workers(datasets, max(workers, 1)))
                 self.datasets = {}
             self.train_loop_config = {"spec": spec}
             try:

@@ -142,8 +142,23 @@ def tiny_state_dict(hidden_dim: int = 8, fill: float = 0.5) -> dict[str, torch.T
     return {k: torch.full_like(v, fill) for k, v in model.state_dict().items()}
 
 
-def start_test_ray(num_cpus: int = 4) -> None:
-    """Start a private local Ray for one test module (see the project's test rules)."""
+# Ray Train V2's PlacementGroupCleaner asks the state API whether the controller is alive. Without
+# an address it follows /tmp/ray/ray_current_cluster, which may name ANOTHER Ray instance on this
+# shared host; that instance does not know our controller, so the cleaner removes our placement
+# group mid-run. Pointing the state API at a closed port makes the query fail, which the cleaner
+# treats as "unknown, keep monitoring". (Worker environment variables, see ``start_test_ray``.)
+ISOLATED_STATE_API = {"RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9"}
+
+
+def start_test_ray(num_cpus: int = 4, env_vars: dict[str, str] | None = None) -> None:
+    """Start a private local Ray for one test module (see the project's test rules).
+
+    Test modules get it through the ``ray_cluster`` fixture of ``conftest.py``.
+
+    Args:
+        num_cpus: Logical CPUs of the local Ray.
+        env_vars: Environment variables for every Ray worker (none when None).
+    """
     import ray
 
     if ray.is_initialized():
@@ -156,6 +171,7 @@ def start_test_ray(num_cpus: int = 4) -> None:
         include_dashboard=False,
         object_store_memory=200 * 2**20,
         log_to_driver=False,
+        runtime_env={"env_vars": dict(env_vars)} if env_vars else None,
     )
 
 

@@ -18,6 +18,7 @@ import ray
 import torch
 from _cpu_deepspeed import DEEPSPEED_CPU_ENV, CpuDeepSpeedStrategy
 from _models import (
+    ISOLATED_STATE_API,
     TinyRegressor,
     create_tiny_fsdp2_model,
     create_tiny_model,
@@ -29,11 +30,15 @@ from torch.utils.data import DataLoader
 
 from michelangelo.lib.checkpoints import CheckpointFormat
 from michelangelo.lib.checkpoints import _formats as cf
-from michelangelo.lib.trainer.torch.pytorch_lightning._fsdp2 import RayModelParallelStrategy
+from michelangelo.lib.trainer.torch.pytorch_lightning._strategies._fsdp2 import (
+    RayModelParallelStrategy,
+)
 
 ship_by_value(__name__)
 
-ISOLATED_STATE_API = {"RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9"}  # see test_fsdp2.py
+
+
+RAY_ENV_VARS = {**ISOLATED_STATE_API, **DEEPSPEED_CPU_ENV}
 
 
 def _loader(n_rows: int = 64) -> DataLoader:
@@ -221,19 +226,6 @@ def test_align_without_any_match_changes_nothing():
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(
-        address="local",
-        num_cpus=4,
-        include_dashboard=False,
-        object_store_memory=200 * 2**20,
-        runtime_env={"env_vars": {**ISOLATED_STATE_API, **DEEPSPEED_CPU_ENV}},
-    )
-    yield
-    ray.shutdown()
-
-
 def _full_weights(kind: str, model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Gather the full fp32 weights on every rank (collective), to compare the loaders with."""
     if kind == "fsdp2":
@@ -279,7 +271,7 @@ def _distributed_loop(config: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def distributed_checkpoints(ray_local, tmp_path_factory):
+def distributed_checkpoints(ray_cluster, tmp_path_factory):
     """``{kind: (ray_checkpoint_folder, reference_weights)}`` for fsdp2 and zero3.
 
     ZeRO-3 is the partitioned case (no rank holds whole parameters); ZeRO-2 goes through the

@@ -13,7 +13,6 @@ import logging
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 from _cpu_deepspeed import DEEPSPEED_CPU_ENV, CpuDeepSpeedStrategy
 from _documented_models import (
@@ -23,7 +22,7 @@ from _documented_models import (
     create_sharded_in_configure,
     create_trainer_sized,
 )
-from _models import TinyRegressor, make_regression_datasets, ship_by_value
+from _models import ISOLATED_STATE_API, TinyRegressor, make_regression_datasets, ship_by_value
 from ray.train import RunConfig, ScalingConfig
 
 from michelangelo.lib.model_registry import ModelRegistry
@@ -40,24 +39,10 @@ from michelangelo.lib.trainer.torch.pytorch_lightning import (
 
 ship_by_value(__name__)
 
-ISOLATED_STATE_API = {"RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9"}  # see test_fsdp2.py
-PREFLIGHT_LOGGER = "michelangelo.lib.trainer.torch.pytorch_lightning._preflight"
+PREFLIGHT_LOGGER = "michelangelo.lib.trainer.torch.pytorch_lightning._config._preflight"
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(
-        address="local",
-        num_cpus=4,
-        include_dashboard=False,
-        object_store_memory=200 * 2**20,
-        log_to_driver=False,
-        runtime_env={"env_vars": {**ISOLATED_STATE_API, **DEEPSPEED_CPU_ENV}},
-    )
-    yield
-    ray.shutdown()
+RAY_ENV_VARS = {**ISOLATED_STATE_API, **DEEPSPEED_CPU_ENV}
 
 
 @pytest.fixture
@@ -94,7 +79,7 @@ def _metadata(learning_mode=None) -> TransferLearningMetadata:
     return TransferLearningMetadata(baseline_model=ModelSpec("p", "base", 1), **kwargs)
 
 
-def test_the_driver_accepts_every_documented_module(ray_local, caplog):
+def test_the_driver_accepts_every_documented_module(ray_cluster, caplog):
     """No worker starts here: the constructor's meta builds alone must not refuse them."""
     train, val = make_regression_datasets(16, 8)
     factories = [create_sharded_in_configure, create_trainer_sized, create_one_cycle,
@@ -117,7 +102,7 @@ def test_the_driver_accepts_every_documented_module(ray_local, caplog):
 
 
 def test_fsdp2_layers_built_in_configure_model_inherit_freeze_and_check_memory_on_workers(
-        ray_local, registry, tmp_path):
+        ray_cluster, registry, tmp_path):
     """Warm start, freeze and the memory preflight are all decided after configure_model()."""
     baseline = _seeded_baseline(registry, seed=21)
     transfer = TransferLearningSpec(metadata=_metadata(), layer_names_to_inherit=["net.2"],
@@ -135,7 +120,7 @@ def test_fsdp2_layers_built_in_configure_model_inherit_freeze_and_check_memory_o
 
 
 def test_fsdp2_memory_preflight_on_workers_refuses_a_model_that_cannot_fit(
-        ray_local, tmp_path):
+        ray_cluster, tmp_path):
     # 81 parameters x 16 bytes / 2 workers is about 650 bytes: a 600-byte budget is too small.
     trainer = _trainer(tmp_path, "lazy-fsdp2-oom", create_sharded_in_configure, "fsdp2",
                        memory=600)
@@ -145,7 +130,7 @@ def test_fsdp2_memory_preflight_on_workers_refuses_a_model_that_cannot_fit(
 
 @pytest.mark.parametrize("strategy", ["ddp", "deepspeed"])
 def test_configure_model_reading_the_trainer_continues_a_revision(
-        ray_local, registry, tmp_path, strategy):
+        ray_cluster, registry, tmp_path, strategy):
     """Incremental training into layers configure_model() creates: placed by the workers.
 
     With a learning rate of zero the trained weights are exactly the ones loaded, so equality
@@ -166,7 +151,7 @@ def test_configure_model_reading_the_trainer_continues_a_revision(
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "deepspeed"])
-def test_one_cycle_schedule_sized_by_estimated_stepping_batches(ray_local, tmp_path,
+def test_one_cycle_schedule_sized_by_estimated_stepping_batches(ray_cluster, tmp_path,
                                                                  strategy):
     chosen = CpuDeepSpeedStrategy(stage=2) if strategy == "deepspeed" else strategy
     result = _trainer(tmp_path, f"onecycle-{strategy}", create_one_cycle, chosen,
@@ -176,13 +161,13 @@ def test_one_cycle_schedule_sized_by_estimated_stepping_batches(ray_local, tmp_p
     assert result["metrics"]["step"] == 8
 
 
-def test_rank_zero_printing_module_trains(ray_local, tmp_path):
+def test_rank_zero_printing_module_trains(ray_cluster, tmp_path):
     result = _trainer(tmp_path, "rank-zero", create_rank_zero_printing, "ddp").train()
     assert result["metrics"]["step"] == 4
     assert result["metrics"]["val_loss"] > 0
 
 
-def test_a_genuine_error_in_configure_model_names_the_hook(ray_local, tmp_path):
+def test_a_genuine_error_in_configure_model_names_the_hook(ray_cluster, tmp_path):
     trainer = _trainer(tmp_path, "mistyped", create_mistyped, "ddp")  # the driver accepts it
     with pytest.raises(Exception) as info:
         trainer.train()

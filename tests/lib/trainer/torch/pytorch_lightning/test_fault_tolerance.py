@@ -17,7 +17,6 @@ from _models import (
     make_regression_datasets,
     read_records,
     ship_by_value,
-    start_test_ray,
 )
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 
@@ -31,11 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.abspath(os.path.join(HERE, *[".."] * 5))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster():
-    start_test_ray()
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
 def _train(tmp_path, name, records, max_failures=0, **model_kwargs):

@@ -13,10 +13,10 @@ import os
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 from _cpu_deepspeed import DEEPSPEED_CPU_ENV, CpuDeepSpeedStrategy
 from _models import (
+    ISOLATED_STATE_API,
     TinyRegressor,
     create_tiny_fsdp2_model,
     create_tiny_model,
@@ -37,20 +37,9 @@ from michelangelo.lib.trainer.torch.pytorch_lightning import (
 ship_by_value(__name__)
 
 LOGGER = "michelangelo.lib.trainer.torch.pytorch_lightning._state_dict"
-ISOLATED_STATE_API = {"RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9"}  # see test_fsdp2.py
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray.init(
-        address="local",
-        num_cpus=4,
-        include_dashboard=False,
-        object_store_memory=200 * 2**20,
-        runtime_env={"env_vars": {**ISOLATED_STATE_API, **DEEPSPEED_CPU_ENV}},
-    )
-    yield
-    ray.shutdown()
+RAY_ENV_VARS = {**ISOLATED_STATE_API, **DEEPSPEED_CPU_ENV}
 
 
 def _trainer(tmp_path: Path, name: str, create_model_fn, strategy, use_gpu: bool = False,
@@ -88,13 +77,13 @@ def _fresh_differs(expected: dict[str, torch.Tensor]) -> None:
     assert any(not torch.equal(fresh[k], expected[k]) for k in expected)
 
 
-def test_update_before_train_is_a_value_error(ray_local, tmp_path):
+def test_update_before_train_is_a_value_error(ray_cluster, tmp_path):
     trainer = _trainer(tmp_path, "never-trained", create_tiny_model, None)
     with pytest.raises(ValueError, match="before train"):
         trainer.update_model_state_dict(TinyRegressor())
 
 
-def test_ddp_checkpoint_loads_into_lightning_module_and_inner_module(ray_local, tmp_path, caplog):
+def test_ddp_checkpoint_loads_into_lightning_module_and_inner_module(ray_cluster, tmp_path, caplog):
     trainer = _trainer(tmp_path, "sd-ddp", create_tiny_model, "ddp")
     result = trainer.train()
     assert trainer.train_result is result
@@ -131,7 +120,7 @@ def test_ddp_checkpoint_loads_into_lightning_module_and_inner_module(ray_local, 
     torch.testing.assert_close(partial[0].weight, expected["net.0.weight"])
 
 
-def test_fsdp2_distributed_checkpoint_loads_full_weights(ray_local, tmp_path, monkeypatch):
+def test_fsdp2_distributed_checkpoint_loads_full_weights(ray_cluster, tmp_path, monkeypatch):
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     # The FSDP2 model is written as Lightning documents it: plain layers from __init__,
@@ -168,7 +157,7 @@ def test_fsdp2_distributed_checkpoint_loads_full_weights(ray_local, tmp_path, mo
 # ZeRO-2 here; the partitioned ZeRO-3 folder goes through the same converter in
 # test_checkpoint_formats.py, which already trains one.
 @pytest.mark.parametrize("stage", [2])
-def test_deepspeed_zero_checkpoint_loads_as_fp32(ray_local, tmp_path, stage):
+def test_deepspeed_zero_checkpoint_loads_as_fp32(ray_cluster, tmp_path, stage):
     from pytorch_lightning.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
 
     trainer = _trainer(tmp_path, f"sd-zero{stage}", create_tiny_model,
@@ -193,7 +182,7 @@ def test_deepspeed_zero_checkpoint_loads_as_fp32(ray_local, tmp_path, stage):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="FSDP1 needs CUDA GPUs")
 @pytest.mark.parametrize("state_dict_type", ["full", "sharded"])
-def test_fsdp1_checkpoint_loads_on_gpu(ray_local, tmp_path, state_dict_type):
+def test_fsdp1_checkpoint_loads_on_gpu(ray_cluster, tmp_path, state_dict_type):
     # Two workers where two GPUs exist; one GPU still writes both FSDP1 formats. ray.init
     # without num_gpus detects the GPUs.
     workers = min(2, torch.cuda.device_count())

@@ -7,14 +7,12 @@ import json
 import os
 
 import pytest
-import ray
 import torch
 from _models import (
     create_probe_model,
     make_regression_datasets,
     read_records,
     ship_by_value,
-    start_test_ray,
 )
 from pytorch_lightning.callbacks import ModelCheckpoint
 from ray.train import CheckpointConfig, RunConfig, ScalingConfig
@@ -28,11 +26,7 @@ from michelangelo.uniflow.plugins.ray import CapacityError
 ship_by_value(__name__)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster():
-    start_test_ray()
-    yield
-    ray.shutdown()
+pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
 class FileObserver:

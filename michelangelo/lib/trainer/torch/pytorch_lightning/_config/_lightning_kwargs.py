@@ -1,0 +1,264 @@
+"""Turn ``lightning_trainer_kwargs`` into the ``pytorch_lightning.Trainer`` arguments we use.
+
+A short pipeline of ``_choose_*`` steps, run once on the driver: every key is checked
+against ``pytorch_lightning.Trainer``'s signature, siblings are split off, the trainer's own
+defaults are filled in, ``enable_checkpointing`` is derived, and the
+strategy, logger and profiler are resolved to things a worker can build.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+from michelangelo.lib.trainer.torch.pytorch_lightning._config._param import LightningTrainerParam
+from michelangelo.lib.trainer.torch.pytorch_lightning._config._signature_check import check_kwargs
+from michelangelo.lib.trainer.torch.pytorch_lightning._strategies import (
+    StrategyChoice,
+    choose_strategy,
+)
+
+logger = logging.getLogger(__name__)
+
+# Differences from Lightning's defaults; each is an ordinary, overridable key.
+TRAINER_DEFAULTS: dict[str, Any] = {
+    "max_epochs": 1,
+    "num_sanity_val_steps": 0,
+    "enable_progress_bar": False,
+}
+
+SIBLING_KEYS = ("strategy_kwargs", "logger_kwargs", "profiler_kwargs")
+
+# Keys whose values Ray Train decides; setting them would contradict the ScalingConfig.
+_RAY_OWNED = {
+    "devices": "ScalingConfig(num_workers=...)",
+    "num_nodes": "ScalingConfig(num_workers=...)",
+}
+
+_PROFILERS = {
+    "simple": "SimpleProfiler",
+    "advanced": "AdvancedProfiler",
+    "pytorch": "PyTorchProfiler",
+}
+
+_LOGGERS = {
+    "csv": "CSVLogger",
+    "tensorboard": "TensorBoardLogger",
+    "mlflow": "MLFlowLogger",
+    "comet": "CometLogger",
+    "wandb": "WandbLogger",
+}
+
+
+@dataclass(frozen=True)
+class ProfilerChoice:
+    """A profiler given by name (built on the worker) or as an object."""
+
+    name: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    instance: Any = None
+    upload: bool = True
+
+    def build(self, profiler_dir: str) -> Any:
+        """The profiler for this worker, writing into ``profiler_dir``."""
+        if self.instance is not None:
+            if getattr(self.instance, "dirpath", None) is None:
+                self.instance.dirpath = profiler_dir
+            return self.instance
+        import pytorch_lightning.profilers as profilers
+
+        kwargs = {"dirpath": profiler_dir, "filename": "profile", **self.kwargs}
+        return getattr(profilers, _PROFILERS[self.name])(**kwargs)
+
+
+@dataclass(frozen=True)
+class LoggerChoice:
+    """A logger given by name (built on the worker with ``logger_kwargs``) or passed through."""
+
+    name: str | None = None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    value: Any = None
+    given: bool = False
+
+    def build(self) -> Any:
+        """The ``logger`` argument for ``pytorch_lightning.Trainer``."""
+        if self.name is None:
+            return self.value
+        import pytorch_lightning.loggers as loggers
+
+        return getattr(loggers, _LOGGERS[self.name])(**self.kwargs)
+
+
+@dataclass(frozen=True)
+class ResolvedKwargs:
+    """Everything the worker needs to build its ``pytorch_lightning.Trainer``."""
+
+    trainer_kwargs: dict[str, Any]
+    strategy: StrategyChoice
+    logger: LoggerChoice
+    profiler: ProfilerChoice | None
+
+    @property
+    def accumulate_grad_batches(self) -> int:
+        return int(self.trainer_kwargs.get("accumulate_grad_batches", 1))
+
+
+def resolve_lightning_kwargs(param: LightningTrainerParam) -> ResolvedKwargs:
+    """Resolve ``param.lightning_trainer_kwargs`` on the driver.
+
+    Raises:
+        ValueError: A key or sibling is invalid; the message names it and the fix.
+    """
+    _check_names(param.lightning_trainer_kwargs)
+    kwargs = dict(param.lightning_trainer_kwargs)
+    siblings = {key: kwargs.pop(key, None) for key in SIBLING_KEYS}
+    for key, owner in _RAY_OWNED.items():
+        if key in kwargs:
+            raise ValueError(
+                f"lightning_trainer_kwargs[{key!r}]={kwargs[key]!r} is decided by Ray Train "
+                f"(one device per worker). Fix: remove it and set {owner} instead."
+            )
+    _choose_defaults(kwargs, param)
+    _choose_checkpointing(kwargs)
+    _choose_plugins(kwargs)
+    strategy = choose_strategy(kwargs.pop("strategy", None), siblings["strategy_kwargs"])
+    logger_choice = _choose_logger(kwargs, siblings["logger_kwargs"])
+    profiler = _choose_profiler(kwargs, siblings["profiler_kwargs"])
+    return ResolvedKwargs(kwargs, strategy, logger_choice, profiler)
+
+
+@functools.cache
+def trainer_parameters() -> dict[str, inspect.Parameter]:
+    """``pytorch_lightning.Trainer.__init__``'s parameters (without ``self``), read once."""
+    import pytorch_lightning as pl
+
+    params = dict(inspect.signature(pl.Trainer.__init__).parameters)
+    params.pop("self", None)
+    return params
+
+
+def _check_names(kwargs: dict[str, Any]) -> None:
+    import pytorch_lightning as pl
+
+    check_kwargs(pl.Trainer, kwargs, label="lightning_trainer_kwargs",
+                 target="pytorch_lightning.Trainer", extra_names=SIBLING_KEYS)
+
+
+def _choose_defaults(kwargs: dict[str, Any], param: LightningTrainerParam) -> None:
+    if param.num_epochs_given:
+        if "max_epochs" in kwargs:
+            warnings.warn(
+                f"Both num_epochs={param.num_epochs!r} and lightning_trainer_kwargs"
+                f"['max_epochs']={kwargs['max_epochs']!r} are set; max_epochs wins. Fix: "
+                "remove the deprecated num_epochs.",
+                UserWarning,
+                stacklevel=4,
+            )
+        else:
+            kwargs["max_epochs"] = param.num_epochs
+    for key, value in TRAINER_DEFAULTS.items():
+        kwargs.setdefault(key, value)
+
+
+def has_model_checkpoint(callbacks: Any) -> bool:
+    """Whether ``callbacks`` holds a ``ModelCheckpoint``."""
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    return any(isinstance(cb, ModelCheckpoint) for cb in _as_list(callbacks))
+
+
+def _as_list(callbacks: Any) -> list[Any]:
+    if callbacks is None:
+        return []
+    return list(callbacks) if isinstance(callbacks, list | tuple) else [callbacks]
+
+
+def _choose_checkpointing(kwargs: dict[str, Any]) -> None:
+    callbacks = _as_list(kwargs.get("callbacks"))
+    derived = has_model_checkpoint(callbacks)
+    if "enable_checkpointing" in kwargs:
+        given = kwargs.pop("enable_checkpointing")
+        warnings.warn(
+            f"lightning_trainer_kwargs['enable_checkpointing']={given!r} is ignored: it is "
+            f"derived from the callbacks (a ModelCheckpoint is {'present' if derived else 'absent'}"
+            f", so it is {derived}). Fix: remove the key; add a ModelCheckpoint callback to "
+            "control Lightning checkpoints.",
+            UserWarning,
+            stacklevel=4,
+        )
+    kwargs["callbacks"] = callbacks
+    kwargs["enable_checkpointing"] = derived
+
+
+def _choose_plugins(kwargs: dict[str, Any]) -> None:
+    # Lightning takes a plugin or a list of them; a tuple reads naturally too, so accept it.
+    if isinstance(kwargs.get("plugins"), tuple):
+        kwargs["plugins"] = list(kwargs["plugins"])
+
+
+def _choose_logger(kwargs: dict[str, Any], logger_kwargs: Any) -> LoggerChoice:
+    given = "logger" in kwargs
+    value = kwargs.pop("logger", None)
+    if logger_kwargs is not None and not isinstance(logger_kwargs, dict):
+        raise ValueError(
+            f"lightning_trainer_kwargs['logger_kwargs'] must be a dict, got {logger_kwargs!r}. "
+            "Fix: pass the logger's constructor arguments as a dict."
+        )
+    if isinstance(value, str):
+        name = value.lower()
+        if name not in _LOGGERS:
+            raise ValueError(
+                f"lightning_trainer_kwargs['logger']={value!r} is not a known logger name. "
+                f"Fix: use one of {sorted(_LOGGERS)} or pass a Logger instance."
+            )
+        return LoggerChoice(name=name, kwargs=dict(logger_kwargs or {}), given=True)
+    if logger_kwargs:
+        raise ValueError(
+            f"lightning_trainer_kwargs['logger_kwargs']={logger_kwargs!r} only applies when "
+            f"'logger' is a name, but logger={value!r}. Fix: give the logger as one of "
+            f"{sorted(_LOGGERS)}, or pass the arguments to your Logger's constructor."
+        )
+    return LoggerChoice(value=value, given=given)
+
+
+def _choose_profiler(kwargs: dict[str, Any], profiler_kwargs: Any) -> ProfilerChoice | None:
+    value = kwargs.pop("profiler", None)
+    if profiler_kwargs is not None and not isinstance(profiler_kwargs, dict):
+        raise ValueError(
+            f"lightning_trainer_kwargs['profiler_kwargs'] must be a dict, got "
+            f"{profiler_kwargs!r}. Fix: pass the profiler's arguments as a dict."
+        )
+    extra = dict(profiler_kwargs or {})
+    upload = extra.pop("upload_profiler_results", True)
+    if not isinstance(upload, bool):
+        raise ValueError(
+            f"profiler_kwargs['upload_profiler_results']={upload!r} must be a bool. "
+            "Fix: True or False."
+        )
+    if value is None:
+        return None
+    if isinstance(value, str):
+        name = value.lower()
+        if name not in _PROFILERS:
+            raise ValueError(
+                f"lightning_trainer_kwargs['profiler']={value!r} is not a known profiler. "
+                f"Fix: use one of {sorted(_PROFILERS)} or pass a Profiler instance."
+            )
+        return ProfilerChoice(name=name, kwargs=extra, upload=upload)
+    from pytorch_lightning.profilers import Profiler
+
+    if not isinstance(value, Profiler):
+        raise ValueError(
+            f"lightning_trainer_kwargs['profiler']={value!r} must be a name or a "
+            "pytorch_lightning.profilers.Profiler. Fix: e.g. profiler='simple'."
+        )
+    if extra:
+        raise ValueError(
+            f"profiler_kwargs={extra!r} cannot configure a Profiler instance. Fix: pass them "
+            "to the profiler's constructor, or give the profiler by name."
+        )
+    return ProfilerChoice(instance=value, upload=upload)

@@ -1,0 +1,190 @@
+"""Strategy resolution: a ``strategy`` string or object becomes a Ray-aware Lightning strategy.
+
+The table is a small registry (name -> class loader, kwarg check) so a new strategy joins it
+without touching the trainer. Precedence: a ``Strategy`` instance passes through untouched;
+None means "ddp"; a string must be a registered name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["StrategyChoice", "choose_strategy", "strategy_names"]
+
+
+def _ray_ddp() -> type:
+    from ray.train.lightning import RayDDPStrategy
+
+    return RayDDPStrategy
+
+
+def _ray_fsdp() -> type:
+    from ray.train.lightning import RayFSDPStrategy
+
+    return RayFSDPStrategy
+
+
+def _ray_deepspeed() -> type:
+    try:
+        import deepspeed  # noqa: F401
+    except ImportError as error:
+        raise ValueError(
+            "lightning_trainer_kwargs['strategy']='deepspeed' needs DeepSpeed, which is not "
+            f"installed ({error}). Fix: install the trainer-deepspeed extra."
+        ) from None
+    from ray.train.lightning import RayDeepSpeedStrategy
+
+    return RayDeepSpeedStrategy
+
+
+def _ray_fsdp2() -> type:
+    from michelangelo.lib.trainer.torch.pytorch_lightning._strategies._fsdp2 import (
+        RayModelParallelStrategy,
+    )
+
+    return RayModelParallelStrategy
+
+
+def _check_fsdp2_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
+    from michelangelo.lib.trainer.torch.pytorch_lightning._strategies._fsdp2 import (
+        validate_fsdp2_kwargs,
+    )
+
+    return validate_fsdp2_kwargs(kwargs)
+
+
+@dataclass(frozen=True)
+class _Entry:
+    load: Callable[[], type]
+    check_kwargs: Callable[[dict[str, Any]], dict[str, Any]] = dict
+    # Ray's prepare_trainer only accepts its own three strategy classes.
+    ray_prepared: bool = True
+
+
+_REGISTRY: dict[str, _Entry] = {
+    "ddp": _Entry(_ray_ddp),
+    "fsdp": _Entry(_ray_fsdp),
+    "fsdp2": _Entry(_ray_fsdp2, _check_fsdp2_kwargs, ray_prepared=False),
+    "deepspeed": _Entry(_ray_deepspeed),
+}
+
+
+def strategy_names() -> list[str]:
+    """The accepted ``strategy`` strings."""
+    return sorted(_REGISTRY)
+
+
+@dataclass(frozen=True)
+class StrategyChoice:
+    """A resolved strategy: a registered name with checked kwargs, or a user's instance.
+
+    The Lightning strategy object itself is built on each worker by :meth:`build`, so
+    nothing stateful is pickled for named strategies.
+    """
+
+    name: str | None
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    instance: Any = None
+
+    def build(self) -> Any:
+        """The Lightning ``Strategy`` for this worker."""
+        if self.instance is not None:
+            return self.instance
+        return _REGISTRY[self.name].load()(**self.kwargs)
+
+    @property
+    def ray_prepared(self) -> bool:
+        """Whether ``ray.train.lightning.prepare_trainer`` accepts this strategy."""
+        if self.instance is not None:
+            from ray.train.lightning import RayDDPStrategy, RayDeepSpeedStrategy, RayFSDPStrategy
+
+            return isinstance(self.instance, RayDDPStrategy | RayFSDPStrategy
+                              | RayDeepSpeedStrategy)
+        return _REGISTRY[self.name].ray_prepared
+
+    @property
+    def label(self) -> str:
+        """The strategy name, or the instance's class name."""
+        return self.name if self.instance is None else type(self.instance).__name__
+
+    @property
+    def shards_parameters(self) -> bool:
+        """Whether parameters, gradients and optimizer state are split across workers."""
+        if self.instance is not None:
+            name = type(self.instance).__name__.lower()
+            return "fsdp" in name or "modelparallel" in name
+        return self.name in ("fsdp", "fsdp2")
+
+
+def choose_strategy(strategy: Any, strategy_kwargs: Any) -> StrategyChoice:
+    """Resolve ``lightning_trainer_kwargs['strategy']`` and its ``strategy_kwargs``, on the driver.
+
+    Args:
+        strategy: None, a registered name, or a ``pytorch_lightning`` ``Strategy`` instance.
+        strategy_kwargs: Constructor arguments for a named strategy, or None.
+
+    Returns:
+        The resolved :class:`StrategyChoice`.
+
+    Raises:
+        ValueError: Unknown name, wrong type, kwargs with an instance, or kwargs the
+            strategy rejects.
+    """
+    from pytorch_lightning.strategies import Strategy
+
+    if strategy_kwargs is not None and not isinstance(strategy_kwargs, dict):
+        raise ValueError(
+            f"lightning_trainer_kwargs['strategy_kwargs'] must be a dict, got "
+            f"{type(strategy_kwargs).__name__}: {strategy_kwargs!r}. Fix: pass a dict of "
+            "constructor arguments for the strategy."
+        )
+    kwargs = dict(strategy_kwargs or {})
+    if isinstance(strategy, Strategy):
+        if kwargs:
+            raise ValueError(
+                f"lightning_trainer_kwargs['strategy_kwargs']={kwargs!r} cannot be combined with "
+                f"a strategy instance ({type(strategy).__name__}). Fix: pass the arguments to "
+                "the instance's constructor, or give the strategy as a string."
+            )
+        return StrategyChoice(name=None, instance=strategy)
+    if strategy is None:
+        strategy = "ddp"
+    if not isinstance(strategy, str) or strategy.lower() not in _REGISTRY:
+        raise ValueError(
+            f"lightning_trainer_kwargs['strategy']={strategy!r} is not supported. Fix: use one "
+            f"of {strategy_names()} (or None for 'ddp'), or pass a "
+            "pytorch_lightning.strategies.Strategy instance."
+        )
+    name = strategy.lower()
+    entry = _REGISTRY[name]
+    entry.load()  # fails here, on the driver, when an optional dependency is missing
+    try:
+        kwargs = entry.check_kwargs(kwargs)
+    except TypeError as error:
+        raise ValueError(str(error)) from None
+    _check_constructor(name, entry.load(), kwargs)
+    return StrategyChoice(name=name, kwargs=kwargs)
+
+
+def _check_constructor(name: str, cls: type, kwargs: dict[str, Any]) -> None:
+    # Bind without constructing: constructing some strategies touches devices.
+    import inspect
+
+    signature = inspect.signature(cls.__init__)
+    if any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
+        # Ray's wrappers take **kwargs; check against the Lightning parent instead.
+        for base in cls.__mro__[1:]:
+            if base.__module__.startswith("pytorch_lightning"):
+                signature = inspect.signature(base.__init__)
+                break
+    if any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
+        return
+    unknown = [k for k in kwargs if k not in signature.parameters]
+    if unknown:
+        valid = [p for p in signature.parameters if p != "self"]
+        raise ValueError(
+            f"lightning_trainer_kwargs['strategy_kwargs'] has {unknown} that "
+            f"strategy={name!r} ({cls.__name__}) does not accept. Fix: use only {valid}."
+        )
