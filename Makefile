@@ -39,9 +39,9 @@ k8s:
 # run fails (so one failure does not hide the rest), and make still fails if either did.
 test: setup k8s
 	@status=0; \
-	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider --ignore=tests/kuberay \
+	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider --ignore=tests/uniflow/plugins/ray/kuberay/bed \
 	  || status=$$?; \
-	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider tests/kuberay || status=$$?; \
+	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider tests/uniflow/plugins/ray/kuberay/bed || status=$$?; \
 	exit $$status
 
 bench: setup

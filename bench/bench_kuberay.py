@@ -25,9 +25,9 @@ if REPO not in sys.path:
 
 from _common import write_results  # noqa: E402
 
-from tests.kuberay._control_plane import ControlPlane, build  # noqa: E402
-from tests.kuberay._kubelet_double import KubeletDouble  # noqa: E402
-from tests.kuberay._operator_double import OperatorDouble  # noqa: E402
+from tests.uniflow.plugins.ray.kuberay.bed._control_plane import ControlPlane, build  # noqa: E402
+from tests.uniflow.plugins.ray.kuberay.bed._kubelet_double import KubeletDouble  # noqa: E402
+from tests.uniflow.plugins.ray.kuberay.bed._operator_double import OperatorDouble  # noqa: E402
 
 PHASES = ("scheduled", "head ready", "all ready", "first task", "deleted")
 

@@ -5,7 +5,7 @@ The status shapes below follow ``calculateStatus`` in
 ``RayClusterProvisioned`` turns True once every pod that exists runs and is ready, without
 counting them; ``ReplicaFailure`` carries the API server's refusal of a pod; with the
 ``RayClusterStatusConditions`` feature gate off only ``state`` (and the replica counts) are
-written. The end-to-end path against a control plane is in ``tests/kuberay``.
+written. The end-to-end path against a control plane is in ``tests/uniflow/plugins/ray/kuberay/bed``.
 """
 
 from __future__ import annotations

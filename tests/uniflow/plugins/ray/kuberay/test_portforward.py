@@ -1,7 +1,7 @@
 """The port-forward listener's framing and failure handling, over an in-memory stream.
 
 The end-to-end path (real API server, kubelet streaming double, a Ray head) is in
-``tests/kuberay/test_provisioner.py``; here the WebSocket is a small in-process stand-in
+``tests/uniflow/plugins/ray/kuberay/bed/test_provisioner.py``; here the WebSocket is a small in-process stand-in
 (``_EchoStreamDouble``) so that each rule of the channel protocol can be checked alone.
 """
 

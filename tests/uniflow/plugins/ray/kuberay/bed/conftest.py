@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.kuberay._control_plane import ControlPlane, build
-from tests.kuberay._kubelet_double import KubeletDouble
-from tests.kuberay._operator_double import OperatorDouble
+from tests.uniflow.plugins.ray.kuberay.bed._control_plane import ControlPlane, build
+from tests.uniflow.plugins.ray.kuberay.bed._kubelet_double import KubeletDouble
+from tests.uniflow.plugins.ray.kuberay.bed._operator_double import OperatorDouble
 
 NODES = {"node-a": {"cpu": "4", "memory": "8Gi"}, "node-b": {"cpu": "2", "memory": "4Gi"}}
 

@@ -17,7 +17,7 @@ from michelangelo.uniflow.plugins.ray._ports import free_port
 from michelangelo.uniflow.plugins.ray.kuberay._gc import collect_garbage, managed_clusters
 from michelangelo.uniflow.plugins.ray.kuberay._kube import KubeApi, KubeTarget
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), *[".."] * 6))
 WORKFLOWS = os.path.join(REPO, "tests", "uniflow", "plugins", "ray", "_remote_workflows.py")
 BIN = os.path.dirname(sys.executable)
 pytestmark = pytest.mark.timeout(1800)

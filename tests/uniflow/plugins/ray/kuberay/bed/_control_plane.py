@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[6]
 CRD_DIR = REPO.parent / "shared" / "kuberay" / "crds"
 BUILD_SCRIPT = REPO / "tools" / "build_k8s_control_plane.sh"
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)

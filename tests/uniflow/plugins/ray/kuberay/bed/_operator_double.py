@@ -23,7 +23,7 @@ from typing import Any
 
 from kubernetes import client
 
-from tests.kuberay._rayservice_operator_double import (
+from tests.uniflow.plugins.ray.kuberay.bed._rayservice_operator_double import (
     RayServiceControllerDouble,
     lift_foreground_finalizer,
 )

@@ -33,7 +33,7 @@ from kubernetes import client
 # A pod's processes are ended, and its start is seen, the way the local provisioner does it.
 from michelangelo.uniflow.plugins.ray._local import _head_started, _kill_sessions
 from michelangelo.uniflow.plugins.ray._ports import free_port
-from tests.kuberay._kubelet_streaming_double import KubeletStreamingDouble
+from tests.uniflow.plugins.ray.kuberay.bed._kubelet_streaming_double import KubeletStreamingDouble
 
 _HEAD_GCS_PORT = 6379
 _DASHBOARD_PORT = 8265
