@@ -2,8 +2,8 @@
 processes and pod status out, through the real API server.
 
 No kubelet or container runtime can run here. For each pod the real scheduler bound to one of
-its nodes, the double gives the pod its own loopback address (127.0.0.N stands in for pod
-networking), runs the pod's ``ray start`` command as a local process on that address (the
+its nodes, the double gives the pod its own loopback address (127.A.B.N stands in for pod
+networking; A.B is drawn per double, so two test beds on one machine do not share addresses), runs the pod's ``ray start`` command as a local process on that address (the
 container image is not run; only the Ray image at this client's Ray version "exists", any
 other image fails to pull as ``ImagePullBackOff``), and reports the status a kubelet would:
 ``Running`` with ``podIP`` and ``Ready`` once Ray is up; a process that dies is restarted with
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shlex
 import signal
 import subprocess
@@ -74,6 +75,9 @@ class KubeletDouble:
         self.good_image_prefix = good_image_prefix or f"rayproject/ray:{ray.__version__}"
         self._core = client.CoreV1Api(api_client)
         self._next_ip = first_ip
+        # A loopback /24 of this double's own: Ray's fixed ports (6379, 8265, ...) on a pod
+        # address would otherwise meet a second bed's pods when two suites share the machine.
+        self._subnet = f"127.{random.randint(1, 254)}.{random.randint(0, 255)}"
         self._pods: dict[str, _PodProcess] = {}
         self._heads: dict[str, tuple[str, int]] = {}  # cluster -> (ip, gcs port)
         self._stop = threading.Event()
@@ -163,7 +167,7 @@ class KubeletDouble:
 
     def _run(self, pod: Any) -> _PodProcess:
         container = pod.spec.containers[0]
-        ip = f"127.0.0.{self._next_ip}"
+        ip = f"{self._subnet}.{self._next_ip}"
         self._next_ip += 1
         labels = pod.metadata.labels or {}
         head = labels.get("ray.io/node-type") == "head"
