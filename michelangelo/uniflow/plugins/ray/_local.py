@@ -26,8 +26,7 @@ from michelangelo.uniflow.plugins.ray._node_resources import node_resources
 from michelangelo.uniflow.plugins.ray._ports import free_port
 
 _HEAD_START_TIMEOUT_S = 120.0
-_HEAD_START_TRIES = 3
-_WORKER_START_TRIES = 3
+_NODE_START_TRIES = 3  # starts per node when Ray's registration time runs out
 _REGISTRATION_TIMEOUT = "timed out during startup"  # what `ray start` says after its 30 s
 _STOP_GRACE_S = 5.0
 
@@ -120,11 +119,11 @@ class LocalRayCluster(RayCluster):
 
         Ray gives a starting node a fixed 30 s to register with its GCS and exits when that
         runs out, which a busy machine can exceed: such a head is started again, from a
-        fresh temp dir and ports, up to ``_HEAD_START_TRIES`` times. Any other exit fails.
+        fresh temp dir and ports, up to ``_NODE_START_TRIES`` times. Any other exit fails.
         """
         from ray._private.services import get_node_ip_address
 
-        for attempt in range(1, _HEAD_START_TRIES + 1):
+        for attempt in range(1, _NODE_START_TRIES + 1):
             port = free_port()
             dashboard_port = free_port()
             # A private temp dir keeps `ray start` from making this cluster the machine's
@@ -152,19 +151,15 @@ class LocalRayCluster(RayCluster):
                 self._wait_for_head(port)
                 return dashboard_port
             except _HeadRegistrationTimedOut:
-                if attempt == _HEAD_START_TRIES:
+                if attempt == _NODE_START_TRIES:
                     raise
                 self._discard_head()
         raise AssertionError("unreachable")
 
     def _discard_head(self) -> None:
         """End a head that gave up starting, with everything in its session and temp dir."""
-        head = self._procs.pop()
         self._logs.pop()
-        _signal_group(head, signal.SIGKILL)
-        _kill_sessions({head.pid})
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            head.wait(timeout=5)
+        _end_node(self._procs.pop())
         shutil.rmtree(self._temp_dir, ignore_errors=True)
 
     def _start_workers(self) -> None:
@@ -203,14 +198,14 @@ class LocalRayCluster(RayCluster):
     def _restart_worker(self, index: int) -> bool:
         """Start node ``index`` (a worker) again if it exited because Ray's fixed 30 s for a
         node to register with its GCS ran out, as on a busy machine; at most
-        ``_WORKER_START_TRIES`` starts per worker. False when that does not apply.
+        ``_NODE_START_TRIES`` starts per worker. False when that does not apply.
 
         While other workers are still being started the restart waits for them (nodes that
         start at the same moment on one host pick the same socket names).
         """
         proc = self._procs[index]
         tries = self._worker_tries.get(index, 1)
-        if (index == 0 or tries >= _WORKER_START_TRIES
+        if (index == 0 or tries >= _NODE_START_TRIES
                 or _REGISTRATION_TIMEOUT not in _tail(self._logs[index])):
             return False
         if self._joiner is not None and self._joiner.is_alive():
@@ -218,8 +213,7 @@ class LocalRayCluster(RayCluster):
         with self._lock:
             if self._stopping.is_set():
                 return False
-            _signal_group(proc, signal.SIGKILL)
-            _kill_sessions({proc.pid})
+            _end_node(proc)
             self._worker_tries[index] = tries + 1
             self._spawn(f"worker-{index - 1}-start-{tries + 1}", self._worker_args(),
                         slot=index)
@@ -349,6 +343,14 @@ class _HeadRegistrationTimedOut(ClusterError):
 def _signal_group(proc: subprocess.Popen, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
+
+
+def _end_node(proc: subprocess.Popen) -> None:
+    """End a node that gave up starting, with everything left in its session."""
+    _signal_group(proc, signal.SIGKILL)
+    _kill_sessions({proc.pid})
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
 
 
 def _kill_sessions(sessions: set[int]) -> None:
