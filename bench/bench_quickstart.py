@@ -56,18 +56,18 @@ def _run(arm: str, command: list[str], env: dict[str, str]) -> dict:
     return {"wall_s": wall, "load_average": load_average(), "stdout_tail": done.stdout[-2000:]}
 
 
-def _sdk_tasks(storage: str) -> list[dict]:
-    """Per-task durations of the newest run in ``storage``, read through the CLI's table."""
+def _last_run(storage: str) -> dict | None:
+    """The newest run in ``storage``: its id and ``runs show`` (tasks and their phases)."""
     cli = os.path.join(os.path.dirname(sys.executable), "michelangelo")
     env = {**os.environ, "UF_STORAGE_URL": storage}
     listing = subprocess.run([cli, "runs", "list", "--limit", "1"], env=env,
                              capture_output=True, text=True, check=False).stdout.splitlines()
     if len(listing) < 2:
-        return []
+        return None
     run_id = listing[1].split()[0]
     shown = subprocess.run([cli, "runs", "show", run_id], env=env, capture_output=True,
                            text=True, check=False).stdout
-    return [{"run": run_id, "show": shown}]
+    return {"run": run_id, "show": shown}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -106,14 +106,14 @@ def main(argv: list[str] | None = None) -> dict:
                  ["ray (bench/handwritten_quickstart.py)", raw, len(runs["ray"])]])
     print(f"\nsdk / ray: {sdk / raw:.3f}  (target at most 0.8)")
     print("hand-written phases (last round):", hand_phases[-1])
-    tasks = _sdk_tasks(storage)
-    if tasks:
-        print("\nthe SDK's last run:\n" + tasks[0]["show"])
+    last = _last_run(storage)
+    if last is not None:
+        print("\nthe SDK's last run:\n" + last["show"])
     print(NOISE_NOTE)
     results = {"sdk_s": [r["wall_s"] for r in runs["sdk"]],
                "ray_s": [r["wall_s"] for r in runs["ray"]],
                "sdk_median_s": sdk, "ray_median_s": raw, "ratio": sdk / raw,
-               "hand_written_phases_s": hand_phases, "sdk_last_run": tasks}
+               "hand_written_phases_s": hand_phases, "sdk_last_run": last}
     write_results("bench_quickstart", results)
     return results
 

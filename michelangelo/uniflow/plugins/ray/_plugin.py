@@ -11,7 +11,6 @@ import threading
 import time
 from collections.abc import Iterator
 
-from michelangelo.uniflow.core import record_phases, record_resources
 from michelangelo.uniflow.core.plugin import (
     RemoteCall,
     Run,
@@ -27,6 +26,7 @@ from michelangelo.uniflow.plugins.ray._capacity import (
 )
 from michelangelo.uniflow.plugins.ray._cluster import RayCluster
 from michelangelo.uniflow.plugins.ray._config import RayTask
+from michelangelo.uniflow.plugins.ray._holding import record_holding
 from michelangelo.uniflow.plugins.ray._ledger import Ledger
 from michelangelo.uniflow.plugins.ray._provisioners import make_cluster
 from michelangelo.uniflow.plugins.ray._quantity import format_bytes
@@ -61,8 +61,9 @@ class RayTaskPlugin(TaskPlugin):
         asked = time.time()
         started_before = run.resources.get(_KEY)
         cluster, ledger = self._acquire(config, run)
-        _record_holding(config, asked, "cluster attach" if cluster is started_before
-                        else "cluster start")
+        record_holding(config, "Ray cluster",
+                       "cluster attach" if cluster is started_before else "cluster start",
+                       time.time() - asked)
         try:
             with (
                 active_ray_task(config),
@@ -153,17 +154,6 @@ class RayTaskPlugin(TaskPlugin):
 
     def run_elsewhere(self, config: RayTask, run: Run, call: RemoteCall) -> None:
         _remote_run.submit(config, run, call)
-
-
-def _record_holding(config: RayTask, asked: float, phase: str) -> None:
-    """The task's first phase (starting or attaching to a cluster) and what it holds there.
-
-    What it holds is its RayTask's shape, not the whole cluster: branches share the cluster.
-    """
-    record_phases("Ray cluster", [(phase, time.time() - asked)])
-    total = ClusterShape.from_ray_task(config).total()
-    record_resources(cpu=total.get("CPU", 0.0), gpu=total.get("GPU", 0.0),
-                     memory_bytes=total.get("memory", 0.0), where=config.describe())
 
 
 def _holds(host: RayTask, other: RayTask) -> bool:

@@ -23,7 +23,6 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from michelangelo.uniflow.core import record_phases, record_resources
 from michelangelo.uniflow.core.errors import UserError
 from michelangelo.uniflow.core.plugin import (
     RemoteCall,
@@ -34,6 +33,7 @@ from michelangelo.uniflow.core.plugin import (
 )
 from michelangelo.uniflow.plugins.ray._capacity import ClusterShape
 from michelangelo.uniflow.plugins.ray._config import RayTask
+from michelangelo.uniflow.plugins.ray._holding import record_holding
 from michelangelo.uniflow.plugins.ray._jobs import JobFailedError, JobsCluster
 from michelangelo.uniflow.plugins.ray._provisioners import run_clusters_for
 from michelangelo.uniflow.plugins.ray._sdk_probe import (
@@ -304,10 +304,7 @@ def submit(config: RayTask, run: Run, call: RemoteCall) -> None:
     submitted = time.time()
 
     def started() -> None:
-        record_phases("Ray job", [("job start", time.time() - submitted)])
-        total = ClusterShape.from_ray_task(config).total()
-        record_resources(cpu=total.get("CPU", 0.0), gpu=total.get("GPU", 0.0),
-                         memory_bytes=total.get("memory", 0.0), where=config.describe())
+        record_holding(config, "Ray job", "job start", time.time() - submitted)
 
     status, message = cluster.run_job(
         entrypoint=entrypoint, runtime_env=runtime_env, submission_id=submission_id,
