@@ -468,17 +468,22 @@ def _run(description: DeploymentDescription, prove: bool = True) -> None:
     existed = description.name in _app_names()
     if existed and prove:
         _prove(description)
+    targets = [serve.RunTarget(build_app({"description": description.to_dict()}),
+                               name=description.name, route_prefix=description.route_prefix)]
+    gateway = _gateway_target()
+    if gateway is not None:  # the first endpoint: the /v2 gateway starts beside it, not after
+        targets.append(gateway)
     try:
-        serve.run(build_app({"description": description.to_dict()}), name=description.name,
-                  route_prefix=description.route_prefix)  # waits until RUNNING or failed
+        serve.run_many(targets)  # waits until every application is RUNNING or one failed
     except Exception as exc:
         reason = _replica_error(description.name) or _last_line(str(exc)) or type(exc).__name__
         if not existed:
             serve.delete(description.name)
+        if gateway is not None:  # started for this endpoint only: leave Serve as it was
+            serve.delete(gateway.name)
         raise DeploymentError(
             f"deployment {description.name!r} of {description.project_name}/"
             f"{description.model_name}:{description.revision_id} failed: {reason}") from None
-    _ensure_gateway()
 
 
 def _prove(description: DeploymentDescription) -> None:
@@ -507,16 +512,16 @@ def _prove(description: DeploymentDescription) -> None:
         serve.delete(candidate)
 
 
-def _ensure_gateway() -> None:
-    """Start the ``/v2`` gateway (the protocol at the server's root) unless it runs."""
+def _gateway_target() -> Any:
+    """The ``/v2`` gateway (the protocol at the server's root) to run, or None when it runs."""
     from ray import serve
 
     from michelangelo.lib.serving._gateway import GATEWAY_APP, GATEWAY_PREFIX, build_gateway
 
     app = serve.status().applications.get(GATEWAY_APP)
     if app is not None and str(getattr(app.status, "value", app.status)) == "RUNNING":
-        return
-    serve.run(build_gateway(), name=GATEWAY_APP, route_prefix=GATEWAY_PREFIX)
+        return None
+    return serve.RunTarget(build_gateway(), name=GATEWAY_APP, route_prefix=GATEWAY_PREFIX)
 
 
 def _replica_error(name: str) -> str | None:
