@@ -3,7 +3,8 @@ processes and pod status out, through the real API server.
 
 No kubelet or container runtime can run here. For each pod the real scheduler bound to one of
 its nodes, the double gives the pod its own loopback address (127.A.B.N stands in for pod
-networking; A.B is drawn per double, so two test beds on one machine do not share addresses), runs the pod's ``ray start`` command as a local process on that address (the
+networking; A.B is drawn per double, so two test beds on one machine do not share
+addresses), runs the pod's ``ray start`` command as a local process on that address (the
 container image is not run; only the Ray image at this client's Ray version "exists", any
 other image fails to pull as ``ImagePullBackOff``), and reports the status a kubelet would:
 ``Running`` with ``podIP`` and ``Ready`` once Ray is up; a process that dies is restarted with
