@@ -8,10 +8,9 @@ import pytest
 
 # Plain ray.init() calls in tests must never join a cluster some other process made default.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-# Ray Train's controller polls its workers every 2 s and watches for node preemption (there is
-# none on one machine): a tighter poll ends each short test fit seconds sooner. Set before any
-# Ray is started so that controllers, local clusters and job drivers inherit it.
-os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.3")
+# Ray Train watches for node preemption, and there is none on one machine. Set before any Ray
+# is started so that controllers, local clusters and job drivers inherit it. (How often the
+# controller polls is LightningTrainer's own setting, as users get it: see _poll_interval.)
 os.environ.setdefault("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "0")
 
 

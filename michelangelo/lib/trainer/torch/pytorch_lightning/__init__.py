@@ -5,7 +5,8 @@ Public names only. The implementation lives in private subpackages, one concept 
 registry), ``_ingest`` (how a worker reads its shard), ``_warm_start`` (initial weights,
 registry warm starts, freezing), ``_checkpoints`` (auto-resume and the experiment store) and
 ``_worker`` (the loop each Ray Train worker runs and what it reports); ``_trainer`` and
-``_state_dict`` hold the two trainer classes.
+``_state_dict`` hold the two trainer classes; ``_poll_interval`` sets how often Ray Train's
+controller collects the workers' reports during a fit.
 """
 
 from __future__ import annotations

@@ -27,6 +27,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._ingest import (
     shuffle_seed,
     split_for_workers,
 )
+from michelangelo.lib.trainer.torch.pytorch_lightning._poll_interval import fast_polling
 from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start import (
     MetaModels,
     check_initial_weights_fit,
@@ -152,7 +153,8 @@ class LightningTrainer(TorchTrainer):
                 self.datasets = {}
             self.train_loop_config = {"spec": spec}
             try:
-                return super().fit()
+                with fast_polling():
+                    return super().fit()
             finally:
                 self.datasets = datasets
 

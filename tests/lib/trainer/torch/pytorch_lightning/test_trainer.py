@@ -25,6 +25,9 @@ from michelangelo.uniflow.plugins.ray import CapacityError
 
 ship_by_value(__name__)
 
+# Ray Train's controller passes this on to the workers it starts.
+POLL_ENV = "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
@@ -49,6 +52,7 @@ class FileObserver:
         self._append("on_checkpoint_saved.jsonl", {
             "pid": os.getpid(), "rank": ray.train.get_context().get_world_rank(),
             "epoch": epoch, "step": step, "metrics": metrics, "path": checkpoint_path,
+            "poll_interval": os.environ.get(POLL_ENV),
         })
 
 
@@ -78,7 +82,8 @@ def _lines(path):
     return read_jsonl(path) if os.path.exists(path) else []
 
 
-def test_train_returns_keys_exact_schedule_observer_collate_and_profiler(tmp_path):
+def test_train_returns_keys_exact_schedule_observer_collate_and_profiler(tmp_path, monkeypatch):
+    monkeypatch.delenv(POLL_ENV, raising=False)
     records, events = tmp_path / "records", tmp_path / "events"
     records.mkdir()
     events.mkdir()
@@ -125,6 +130,10 @@ def test_train_returns_keys_exact_schedule_observer_collate_and_profiler(tmp_pat
     saved = read_jsonl(events / "on_checkpoint_saved.jsonl")
     assert sorted((s["rank"], s["epoch"]) for s in saved) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert all(s["pid"] != os.getpid() for s in saved)
+    # The controller polled every 0.25 s, not Ray's 2 s (each report waits for a poll), and the
+    # setting ended with the fit.
+    assert {s["poll_interval"] for s in saved} == {"0.25"}
+    assert POLL_ENV not in os.environ
     final = [s for s in saved if s["epoch"] == 1]
     assert {s["path"] for s in final} == {result["checkpoint_path"]}
     assert all(os.path.isdir(s["path"]) for s in saved if s["epoch"] == 1)
