@@ -5,6 +5,8 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
+from michelangelo.workflow.variables._footer_readers import with_footer_readers
+
 _NOT_LOADED = object()
 
 
@@ -65,8 +67,8 @@ class DatasetVariable:
                 raise ValueError("DatasetVariable has neither stored data nor a value to load.")
             self._value = _to_ray(self._value)
             return self._value
-        self._check_exists()
-        self._value = ray.data.read_parquet(self.path)
+        files = self._stored_files()[1]
+        self._value = with_footer_readers(len(files), lambda: ray.data.read_parquet(self.path))
         return self._value
 
     def load_pandas_dataframe(self) -> Any:
@@ -78,8 +80,7 @@ class DatasetVariable:
             return self._value
         import pyarrow.parquet as pq
 
-        fs, root = self._check_exists()
-        files = sorted(f for f in fs.find(root) if f.endswith(".parquet"))
+        fs, files = self._stored_files()
         tables = [pq.read_table(f, filesystem=_arrow_fs(fs)) for f in files]
         import pyarrow as pa
 
@@ -87,17 +88,20 @@ class DatasetVariable:
         self._value = table.to_pandas()
         return self._value
 
-    def _check_exists(self):
+    def _stored_files(self) -> tuple[Any, list[str]]:
+        """The filesystem and the stored Parquet files, sorted; raises when there are none."""
         import fsspec
 
         fs, root = fsspec.core.url_to_fs(self.path)
-        if not fs.exists(root) or not any(f.endswith(".parquet") for f in fs.find(root)):
+        found = fs.find(root) if fs.exists(root) else []
+        files = sorted(f for f in found if f.endswith(".parquet"))
+        if not files:
             raise FileNotFoundError(
                 f"DatasetVariable data is missing at {self.path!r} (expected Parquet files "
                 "there). The run's storage was moved or deleted; rerun the task that produced "
                 "it, or point UF_STORAGE_URL at the storage that holds it."
             )
-        return fs, root
+        return fs, files
 
     # -- uniflow hooks ---------------------------------------------------------------------
     def uniflow_fingerprint(self) -> str | None:

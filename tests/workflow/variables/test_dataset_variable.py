@@ -1,5 +1,6 @@
 """DatasetVariable handles: Parquet storage, small pickles, fingerprints, clear errors."""
 
+import os
 import pickle
 
 import pandas as pd
@@ -61,6 +62,26 @@ def test_ray_dataset_round_trip(ray_session):
     assert back.count() == 5000
     assert handle.value is back
     assert int(handle.load_pandas_dataframe()["sq"].sum()) == sum(i * i for i in range(5000))
+
+
+def _footer_readers() -> int:
+    """Ray Data's Parquet footer-reader actors this session has created (alive or not)."""
+    return sum(1 for actor in ray._private.state.actors().values()
+               if actor["ActorClassName"] == "FooterReader")
+
+
+def test_a_stored_dataset_is_listed_by_one_footer_reader(ray_session, tmp_path):
+    """Ray Data lists Parquet files on a pool of 32 new actor processes by default; three
+    files need one. The process's own reads keep Ray's default pool afterwards."""
+    ray.data.range(3000, override_num_blocks=3).write_parquet(str(tmp_path / "three"))
+    handle = DatasetVariable(path=str(tmp_path / "three"), num_rows=3000)
+    before = _footer_readers()
+    assert handle.load_ray_dataset().materialize().count() == 3000
+    assert _footer_readers() - before == 1
+    assert "RAY_DATA_PARQUET_FOOTER_NUM_ACTORS" not in os.environ
+    before = _footer_readers()
+    assert ray.data.read_parquet(str(tmp_path / "three")).materialize().count() == 3000
+    assert _footer_readers() - before == 32
 
 
 def test_missing_files_fail_naming_the_path(tmp_path):
