@@ -465,12 +465,13 @@ def _run(description: DeploymentDescription, prove: bool = True) -> None:
 
     from michelangelo.lib.serving._app import build_app
 
-    existed = description.name in _app_names()
+    applications = _applications()  # one controller round trip for both questions
+    existed = description.name in applications
     if existed and prove:
         _prove(description)
     targets = [serve.RunTarget(build_app({"description": description.to_dict()}),
                                name=description.name, route_prefix=description.route_prefix)]
-    gateway = _gateway_target()
+    gateway = _gateway_target(applications)
     if gateway is not None:  # the first endpoint: the /v2 gateway starts beside it, not after
         targets.append(gateway)
     try:
@@ -512,13 +513,17 @@ def _prove(description: DeploymentDescription) -> None:
         serve.delete(candidate)
 
 
-def _gateway_target() -> Any:
-    """The ``/v2`` gateway (the protocol at the server's root) to run, or None when it runs."""
+def _gateway_target(applications: dict[str, Any]) -> Any:
+    """The ``/v2`` gateway (the protocol at the server's root) to run, or None when it runs.
+
+    Args:
+        applications: Serve's applications by name, as ``_applications()`` returns them.
+    """
     from ray import serve
 
     from michelangelo.lib.serving._gateway import GATEWAY_APP, GATEWAY_PREFIX, build_gateway
 
-    app = serve.status().applications.get(GATEWAY_APP)
+    app = applications.get(GATEWAY_APP)
     if app is not None and str(getattr(app.status, "value", app.status)) == "RUNNING":
         return None
     return serve.RunTarget(build_gateway(), name=GATEWAY_APP, route_prefix=GATEWAY_PREFIX)
@@ -547,11 +552,16 @@ def _last_line(text: str) -> str | None:
 
 
 def _app_names() -> list[str]:
+    return list(_applications())
+
+
+def _applications() -> dict[str, Any]:
+    """Serve's applications by name (their status objects); empty when Serve is not running."""
     from ray import serve
 
     if serve_client() is None:
-        return []
-    return list(serve.status().applications)
+        return {}
+    return dict(serve.status().applications)
 
 
 def _deployment(description: DeploymentDescription, spec: Any) -> Deployment:

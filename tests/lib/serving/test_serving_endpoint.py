@@ -445,10 +445,23 @@ def test_a_text_model_takes_text_batches_prompts_and_streams_over_http(env):
 
 
 def test_failed_readiness_fails_the_deploy_with_the_reason(env):
-    with pytest.raises(serving.DeploymentError, match="differs from the one recorded"):
-        serving.deploy(env["specs"]["drifting"], name="drifting", registry=env["registry"],
-                       port=env["port"])
-    assert "drifting" not in [d.name for d in serving.list_deployments()]
+    from ray import serve
+
+    from michelangelo.lib.serving._gateway import GATEWAY_APP, GATEWAY_PREFIX, build_gateway
+
+    # As on a first deploy, no /v2 gateway runs yet: the deploy starts one beside the endpoint
+    # and, when the endpoint fails, removes it again.
+    serve.delete(GATEWAY_APP)
+    try:
+        with pytest.raises(serving.DeploymentError, match="differs from the one recorded"):
+            serving.deploy(env["specs"]["drifting"], name="drifting", registry=env["registry"],
+                           port=env["port"])
+        assert "drifting" not in [d.name for d in serving.list_deployments()]
+        assert not {"drifting", GATEWAY_APP} & set(serve.status().applications)
+    finally:  # the module's other tests use the gateway
+        serve.run(build_gateway(), name=GATEWAY_APP, route_prefix=GATEWAY_PREFIX)
+    base = f"http://127.0.0.1:{env['port']}"
+    assert _request("GET", f"{base}/v2/health/ready") == (200, {"ready": True})
 
 
 class _SteadyStream:
