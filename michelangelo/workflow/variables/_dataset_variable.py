@@ -5,7 +5,7 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
-from michelangelo.workflow.variables._footer_readers import with_footer_readers
+from michelangelo.workflow.variables._stored_reads import read_ray_dataset, read_table
 
 _NOT_LOADED = object()
 
@@ -59,16 +59,18 @@ class DatasetVariable:
         return self.path is not None
 
     def load_ray_dataset(self) -> Any:
-        """Read the stored Parquet files as a ``ray.data.Dataset`` and keep it in ``value``."""
-        import ray.data
+        """Read the stored Parquet files as a ``ray.data.Dataset`` and keep it in ``value``.
 
+        A small dataset (``MA_DATASET_DRIVER_READ_MAX_BYTES``, 32 MiB of Parquet by default) is
+        read here and handed to Ray Data in memory; a larger one is read by Ray Data's tasks.
+        """
         if not self.is_stored:
             if self._value is _NOT_LOADED:
                 raise ValueError("DatasetVariable has neither stored data nor a value to load.")
             self._value = _to_ray(self._value)
             return self._value
-        files = self._stored_files()[1]
-        self._value = with_footer_readers(len(files), lambda: ray.data.read_parquet(self.path))
+        fs, files = self._stored_files()
+        self._value = read_ray_dataset(self.path, fs, files)
         return self._value
 
     def load_pandas_dataframe(self) -> Any:
@@ -78,14 +80,7 @@ class DatasetVariable:
                 raise ValueError("DatasetVariable has neither stored data nor a value to load.")
             self._value = _to_pandas(self._value)
             return self._value
-        import pyarrow.parquet as pq
-
-        fs, files = self._stored_files()
-        tables = [pq.read_table(f, filesystem=_arrow_fs(fs)) for f in files]
-        import pyarrow as pa
-
-        table = pa.concat_tables(tables) if tables else pa.table({})
-        self._value = table.to_pandas()
+        self._value = read_table(*self._stored_files()).to_pandas()
         return self._value
 
     def _stored_files(self) -> tuple[Any, list[str]]:
@@ -170,15 +165,6 @@ def _to_pandas(value: Any) -> Any:
     if _kind(value) in ("arrow", "ray"):
         return value.to_pandas()
     return value
-
-
-def _arrow_fs(fs: Any) -> Any:
-    import pyarrow.fs as pafs
-    from fsspec.implementations.local import LocalFileSystem
-
-    if isinstance(fs, LocalFileSystem):
-        return pafs.LocalFileSystem()
-    return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
 
 
 def data_path(folder: str) -> str:

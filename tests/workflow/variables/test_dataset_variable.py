@@ -70,9 +70,38 @@ def _footer_readers() -> int:
                if actor["ActorClassName"] == "FooterReader")
 
 
-def test_a_stored_dataset_is_listed_by_one_footer_reader(ray_session, tmp_path):
-    """Ray Data lists Parquet files on a pool of 32 new actor processes by default; three
-    files need one. The process's own reads keep Ray's default pool afterwards."""
+def test_a_small_stored_dataset_is_read_in_memory_as_ray_would_read_it(ray_session, tmp_path):
+    import numpy as np
+
+    rows = [{"id": i, "name": f"row {i}", "x": np.full((2, 3), i, dtype=np.float32)}
+            for i in range(300)]
+    ray.data.from_items(rows, override_num_blocks=3).write_parquet(str(tmp_path / "t"))
+    handle = DatasetVariable(path=str(tmp_path / "t"), num_rows=300)
+    before = _footer_readers()
+    back = handle.load_ray_dataset()
+    assert handle.value is back
+    by_ray = ray.data.read_parquet(str(tmp_path / "t"))
+    assert back.schema() == by_ray.schema()
+    ours, theirs = (sorted(d.take_all(), key=lambda r: r["id"]) for d in (back, by_ray))
+    assert [(r["id"], r["name"]) for r in ours] == [(r["id"], r["name"]) for r in theirs]
+    assert all(np.array_equal(a["x"], b["x"]) and a["x"].shape == (2, 3)
+               for a, b in zip(ours, theirs, strict=True))
+    # Only Ray's own read listed the files on footer-reader actors.
+    assert _footer_readers() - before == 32
+
+
+def test_a_bad_driver_read_limit_names_the_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("MA_DATASET_DRIVER_READ_MAX_BYTES", "lots")
+    pd.DataFrame({"x": [1.0]}).to_parquet(tmp_path / "one.parquet")
+    with pytest.raises(ValueError, match="MA_DATASET_DRIVER_READ_MAX_BYTES='lots'.*Fix"):
+        DatasetVariable(path=str(tmp_path), num_rows=1).load_ray_dataset()
+
+
+def test_a_stored_dataset_is_listed_by_one_footer_reader(ray_session, tmp_path, monkeypatch):
+    """Read by Ray Data (the size of a large one), Parquet files are listed on a pool of 32
+    new actor processes by default; three files need one. The process's own reads keep Ray's
+    default pool afterwards."""
+    monkeypatch.setenv("MA_DATASET_DRIVER_READ_MAX_BYTES", "0")
     ray.data.range(3000, override_num_blocks=3).write_parquet(str(tmp_path / "three"))
     handle = DatasetVariable(path=str(tmp_path / "three"), num_rows=3000)
     before = _footer_readers()
