@@ -10,9 +10,9 @@ A larger dataset is read by Ray Data, in parallel, as before.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from michelangelo.settings import byte_count
 from michelangelo.workflow.variables._footer_readers import with_footer_readers
 
 ENV_MAX_BYTES = "MA_DATASET_DRIVER_READ_MAX_BYTES"
@@ -21,20 +21,10 @@ DEFAULT_MAX_BYTES = 32 * 2**20
 
 def driver_read_max_bytes() -> int:
     """The largest stored dataset (bytes of Parquet) read in memory by the calling process."""
-    raw = os.environ.get(ENV_MAX_BYTES, "").strip()
-    if not raw:
-        return DEFAULT_MAX_BYTES
-    try:
-        value = int(float(raw))
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(
-            f"{ENV_MAX_BYTES}={raw!r} is not a byte count. Fix: set it to a whole number of "
-            f"bytes (0 reads every stored dataset through Ray Data), or unset it for "
-            f"{DEFAULT_MAX_BYTES}."
-        )
-    return value
+    value = byte_count(ENV_MAX_BYTES, fix=(
+        f"set it to a whole number of bytes (0 reads every stored dataset through Ray Data), "
+        f"or unset it for {DEFAULT_MAX_BYTES}."))
+    return DEFAULT_MAX_BYTES if value is None else value
 
 
 def read_table(fs: Any, files: list[str]) -> Any:

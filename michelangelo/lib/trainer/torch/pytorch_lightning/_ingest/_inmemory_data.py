@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from michelangelo.settings import byte_count
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -70,20 +72,9 @@ def read_switch() -> str:
 
 def read_max_bytes() -> int | None:
     """``MA_TRAINER_INMEMORY_MAX_BYTES``: largest shard (train + val) kept in memory."""
-    raw = os.environ.get(ENV_MAX_BYTES)
-    if raw is None or not raw.strip():
-        return None
-    try:
-        value = int(float(raw))
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise ValueError(
-            f"{ENV_MAX_BYTES}={raw!r} is not a byte count. Fix: set it to an integer >= 0, "
-            f"e.g. {ENV_MAX_BYTES}=2000000000 for 2 GB per worker, or unset it to use "
-            f"{MEMORY_FRACTION:.0%} of a worker's memory."
-        )
-    return value
+    return byte_count(ENV_MAX_BYTES, fix=(
+        f"set it to an integer >= 0, e.g. {ENV_MAX_BYTES}=2000000000 for 2 GB per worker, or "
+        f"unset it to use {MEMORY_FRACTION:.0%} of a worker's memory."))
 
 
 def known_size_bytes(dataset: Any) -> int | None:
