@@ -69,8 +69,8 @@ class DatasetVariable:
                 raise ValueError("DatasetVariable has neither stored data nor a value to load.")
             self._value = _to_ray(self._value)
             return self._value
-        fs, files = self._stored_files()
-        self._value = read_ray_dataset(self.path, fs, files)
+        fs, sizes = self._stored_files()
+        self._value = read_ray_dataset(self.path, fs, sizes)
         return self._value
 
     def load_pandas_dataframe(self) -> Any:
@@ -80,16 +80,18 @@ class DatasetVariable:
                 raise ValueError("DatasetVariable has neither stored data nor a value to load.")
             self._value = _to_pandas(self._value)
             return self._value
-        self._value = read_table(*self._stored_files()).to_pandas()
+        fs, sizes = self._stored_files()
+        self._value = read_table(fs, list(sizes)).to_pandas()
         return self._value
 
-    def _stored_files(self) -> tuple[Any, list[str]]:
-        """The filesystem and the stored Parquet files, sorted; raises when there are none."""
+    def _stored_files(self) -> tuple[Any, dict[str, int]]:
+        """The filesystem and the stored Parquet files with their sizes in bytes, in path
+        order, from one listing; raises when there are none."""
         import fsspec
 
         fs, root = fsspec.core.url_to_fs(self.path)
-        found = fs.find(root) if fs.exists(root) else []
-        files = sorted(f for f in found if f.endswith(".parquet"))
+        found = fs.find(root, detail=True) if fs.exists(root) else {}
+        files = {f: int(found[f]["size"]) for f in sorted(found) if f.endswith(".parquet")}
         if not files:
             raise FileNotFoundError(
                 f"DatasetVariable data is missing at {self.path!r} (expected Parquet files "

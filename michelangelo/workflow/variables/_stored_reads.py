@@ -36,14 +36,19 @@ def read_table(fs: Any, files: list[str]) -> Any:
     return pa.concat_tables(tables) if tables else pa.table({})
 
 
-def read_ray_dataset(path: str, fs: Any, files: list[str]) -> Any:
-    """The files as a ``ray.data.Dataset``: in memory when small, else read by Ray Data."""
+def read_ray_dataset(path: str, fs: Any, sizes: dict[str, int]) -> Any:
+    """The files under ``path`` as a ``ray.data.Dataset``: in memory when small, else read by
+    Ray Data.
+
+    Args:
+        sizes: Each Parquet file's size in bytes, in path order (from the listing).
+    """
     import ray.data
 
     limit = driver_read_max_bytes()
-    if limit and sum(fs.size(f) for f in files) <= limit:
-        return ray.data.from_arrow(read_table(fs, files))
-    return with_footer_readers(len(files), lambda: ray.data.read_parquet(path))
+    if limit and sum(sizes.values()) <= limit:
+        return ray.data.from_arrow(read_table(fs, list(sizes)))
+    return with_footer_readers(len(sizes), lambda: ray.data.read_parquet(path))
 
 
 def _arrow_fs(fs: Any) -> Any:
