@@ -1,8 +1,9 @@
 """How a stored dataset's Parquet files are read back.
 
 A small dataset (at most ``MA_DATASET_DRIVER_READ_MAX_BYTES`` of Parquet, 32 MiB unless set;
-0 turns this off) is read by the calling process with pyarrow and handed to Ray Data as one in-memory table: no listing actor, no read
-tasks, and a dataset that knows its rows and size without executing anything. Through
+0 turns this off) is read by the calling process with pyarrow and handed to Ray Data as one
+in-memory table: no listing actor, no read tasks, and a dataset that knows its rows and size
+without executing anything. Through
 ``ray.data.read_parquet`` the quickstart's two datasets cost a footer-reader process and read
 tasks each, about 1.5 to 3 s per dataset on the 2-core test machine, against milliseconds here.
 A larger dataset is read by Ray Data, in parallel, as before.
