@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 EXTRAS := trainer,trainer-deepspeed,trainer-mlflow,trainer-comet,serving,examples,sandbox,dev
 
-.PHONY: setup browser k8s demo test bench lint clean sandbox-e2e
+.PHONY: setup browser k8s k8s-up k8s-down demo test bench lint clean sandbox-e2e
 
 setup: $(STAMP) browser
 
@@ -29,18 +29,32 @@ $(STAMP): pyproject.toml constraints.txt
 demo: setup
 	$(BIN)/python examples/quickstart/workflow.py
 
-# A real Kubernetes control plane (API server, scheduler, etcd) for the KubeRay tests, built
-# once from Debian's sources into ~/.cache/michelangelo (K8S_HOME overrides it).
+# The KubeRay test bed's binaries, built once from the Go module proxy into ~/.cache/michelangelo:
+# kube-apiserver, kube-controller-manager, kube-scheduler v1.36, the etcd they require, and the
+# KubeRay operator v1.7.0 (tools/build_kuberay_bed.sh; needs Go >= 1.26).
 k8s:
-	bash tools/build_k8s_control_plane.sh
+	bash tools/build_kuberay_bed.sh
 
-# The KubeRay tests run in a pytest process of their own: their session keeps a control plane
-# and two test doubles running, which no other test should share. They run even when the main
-# run fails (so one failure does not hide the rest), and make still fails if either did.
-test: setup k8s
-	@status=0; \
+# The same test bed the KubeRay tests use (control plane, the real operator, the kubelet double
+# with two nodes), outside pytest: k8s-up returns once the operator is ready and prints
+# `export KUBECONFIG=...`; k8s-down stops it.
+k8s-up: setup k8s
+	@$(BIN)/python -m tests.uniflow.plugins.ray.kuberay.bed._bed_cli up
+
+k8s-down:
+	@$(BIN)/python -m tests.uniflow.plugins.ray.kuberay.bed._bed_cli down
+
+# The KubeRay tests run in a pytest process of their own: their session keeps a control plane,
+# the operator and the kubelet double running, which no other test should share. The bed's
+# binaries build in the background while the main run goes (a cold build takes many minutes on
+# 2 cores; a warm one returns at once). The KubeRay tests run even when the main run fails (so
+# one failure does not hide the rest), and make still fails if either did.
+test: setup
+	@status=0; mkdir -p build; \
+	bash tools/build_kuberay_bed.sh >build/k8s-build.log 2>&1 & build=$$!; \
 	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider --ignore=tests/uniflow/plugins/ray/kuberay/bed \
 	  || status=$$?; \
+	wait $$build || { status=1; tail -n 30 build/k8s-build.log; }; \
 	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider tests/uniflow/plugins/ray/kuberay/bed || status=$$?; \
 	exit $$status
 

@@ -1,7 +1,8 @@
 """Provisioning timeline of a KubeRay RayCluster on the real test control plane.
 
-Starts etcd, kube-apiserver and kube-scheduler (built by tools/build_k8s_control_plane.sh),
-two Node objects served by the kubelet test double and the KubeRay operator test double, then
+Starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler and the real KubeRay
+operator v1.7.0 (built by tools/build_kuberay_bed.sh), two Node objects served by the kubelet
+test double, then
 provisions a RayTask's cluster with the real provisioner and prints, per run, the seconds from
 creation to each phase: scheduled, head ready, all ready (every Ray node alive), first task
 (a no-op Ray job finished through the Jobs API) and deleted (pods gone). It also times one
@@ -25,9 +26,8 @@ if REPO not in sys.path:
 
 from _common import write_results  # noqa: E402
 
-from tests.uniflow.plugins.ray.kuberay.bed._control_plane import ControlPlane, build  # noqa: E402
+from tests.uniflow.plugins.ray.kuberay.bed._control_plane import ControlPlane, build, build_operator  # noqa: E402
 from tests.uniflow.plugins.ray.kuberay.bed._kubelet_double import KubeletDouble  # noqa: E402
-from tests.uniflow.plugins.ray.kuberay.bed._operator_double import OperatorDouble  # noqa: E402
 
 PHASES = ("scheduled", "head ready", "all ready", "first task", "deleted")
 
@@ -87,19 +87,17 @@ def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from michelangelo.uniflow.plugins.ray.kuberay import KubeApi, KubeTarget
 
-    plane = ControlPlane(build()).start()
+    plane = ControlPlane(build(), build_operator()).start()
     try:
         plane.add_node("node-a", cpu="4", memory="8Gi")
         plane.add_node("node-b", cpu="2", memory="4Gi")
         client = plane.api_client()
-        operator = OperatorDouble(client).start()
-        kubelet = KubeletDouble(client, ["node-a", "node-b"]).start()
+        kubelet = KubeletDouble(client, ["node-a", "node-b"], net_file=plane.net_file).start()
         try:
             api = KubeApi(KubeTarget(kubeconfig=str(plane.kubeconfig)))
             runs = [one_run(api, i) for i in range(args.runs)]
         finally:
             kubelet.stop()
-            operator.stop()
     finally:
         plane.stop()
     print(f"{'phase':<12} " + " ".join(f"run {i + 1:>2}" for i in range(len(runs)))

@@ -1,8 +1,11 @@
-"""A real Kubernetes control plane on loopback: etcd, kube-apiserver and kube-scheduler.
+"""A real Kubernetes control plane on loopback with the real KubeRay operator: etcd,
+kube-apiserver, kube-controller-manager, kube-scheduler and kuberay-operator as processes.
 
-Built by ``tools/build_k8s_control_plane.sh`` (v1.20.2 from Debian's sources). It gives the
-KubeRay tests real CRD validation, dry runs, watches, Events and a real scheduler binding pods
-to Node objects. Nothing here is a double; the operator and kubelet doubles live beside it.
+Built by ``tools/build_kuberay_bed.sh`` from the Go module proxy (Kubernetes v1.36, the etcd
+release it requires, KubeRay v1.7.0). It gives the KubeRay tests real CRD validation, dry
+runs, watches, Events, a real scheduler binding pods to Node objects, the real garbage
+collector and EndpointSlice controller, and the operator's own reconcilers. Nothing here is a
+double; only the kubelet is (``_kubelet_double``), since no container runtime runs here.
 """
 
 from __future__ import annotations
@@ -23,13 +26,33 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[6]
 CRD_DIR = REPO.parent / "shared" / "kuberay" / "crds"
-BUILD_SCRIPT = REPO / "tools" / "build_k8s_control_plane.sh"
+BUILD_SCRIPT = REPO / "tools" / "build_kuberay_bed.sh"
+# The kuberay-operator chart's default feature gates at v1.7.0 (helm values.yaml).
+FEATURE_GATES = ("RayClusterStatusConditions=true,RayJobDeletionPolicy=true,"
+                 "RayMultiHostIndexing=true,RayServiceIncrementalUpgrade=true,"
+                 "RayCronJob=false,RayClusterMTLS=false,RayClusterNetworkPolicy=false,"
+                 "RayClusterHistoryServer=false")
+# What the controller-manager runs: the controllers a cluster without kubelets can use (no
+# node lifecycle controller: the nodes here send no heartbeats).
+CONTROLLERS = ("garbage-collector-controller,endpointslice-controller,"
+               "endpointslice-mirroring-controller,namespace-controller")
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def build() -> Path:
-    """The folder holding etcd, kube-apiserver and kube-scheduler (built on first use)."""
-    out = subprocess.run(["bash", str(BUILD_SCRIPT)], check=True, capture_output=True, text=True)
+    """The folder holding the control plane's binaries (built on first use)."""
+    return _build("k8s")
+
+
+def build_operator() -> Path:
+    """The folder holding ``kuberay-operator`` (built on first use)."""
+    return _build("kuberay")
+
+
+def _build(what: str) -> Path:
+    out = subprocess.run(["bash", str(BUILD_SCRIPT), what], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"{BUILD_SCRIPT.name} {what} failed:\n{out.stderr[-3000:]}")
     return Path(out.stdout.strip().splitlines()[-1])
 
 
@@ -42,13 +65,19 @@ def _free_port() -> int:
 class ControlPlane:
     """Starts the three processes in a private folder and stops exactly those."""
 
-    def __init__(self, bin_dir: Path) -> None:
+    def __init__(self, bin_dir: Path, operator_bin: Path | None = None) -> None:
         self.bin = bin_dir
+        self.operator_bin = operator_bin
         self.dir = Path(tempfile.mkdtemp(prefix="uf-k8s-"))
         self.token = os.urandom(16).hex()
         self.port = _free_port()
         self.url = f"https://127.0.0.1:{self.port}"
         self.kubeconfig = self.dir / "kubeconfig"
+        # Where the kubelet double publishes pod and Service addresses (see
+        # _pod_network_double); the operator's Service-name calls go through ServiceProxy.
+        self.net_file = self.dir / "net.json"
+        self.net_file.write_text("{}")
+        self._service_proxy: Any = None
         self._procs: list[subprocess.Popen] = []
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -58,7 +87,10 @@ class ControlPlane:
             self._start_apiserver()
             self._write_kubeconfig()
             self._start_scheduler()
+            self._start_controller_manager()
             self.install_crds()
+            if self.operator_bin is not None:
+                self._start_operator()
         except BaseException:
             self.stop()
             raise
@@ -76,14 +108,22 @@ class ControlPlane:
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=5)
         self._procs.clear()
+        if self._service_proxy is not None:
+            self._service_proxy.stop()
+            self._service_proxy = None
         shutil.rmtree(self.dir, ignore_errors=True)
 
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+    def _spawn(self, name: str, args: list[str],
+               env: dict[str, str] | None = None) -> subprocess.Popen:
         log = open(self.dir / f"{name}.log", "wb")  # noqa: SIM115  (lives with the process)
-        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         self._procs.append(proc)
         return proc
+
+    def running(self, name: str) -> bool:
+        """Whether the process started as ``name`` still runs."""
+        return any(Path(p.args[0]).name == name and p.poll() is None for p in self._procs)
 
     def log_tail(self, name: str, lines: int = 30) -> str:
         with contextlib.suppress(OSError):
@@ -113,14 +153,14 @@ class ControlPlane:
         self._spawn("kube-apiserver", [
             str(self.bin / "kube-apiserver"), f"--etcd-servers={self.etcd_url}",
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-            f"--secure-port={self.port}", "--insecure-port=0", f"--cert-dir={d / 'certs'}",
+            f"--secure-port={self.port}", f"--cert-dir={d / 'certs'}",
             "--service-account-issuer=https://kubernetes.default.svc",
             f"--service-account-key-file={d / 'sa.pub'}",
             f"--service-account-signing-key-file={d / 'sa.key'}",
             "--api-audiences=https://kubernetes.default.svc",
             f"--token-auth-file={d / 'tokens.csv'}", "--authorization-mode=RBAC",
-            # No controller-manager makes default service accounts, and nothing would lift the
-            # not-ready taint a Node gets at creation.
+            # Pods need no service account token here (nothing in them calls the API server),
+            # and no node lifecycle controller would lift the not-ready taint of a new Node.
             "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
             "--endpoint-reconciler-type=none", "--service-cluster-ip-range=10.96.0.0/16",
             "--allow-privileged=true",
@@ -141,8 +181,39 @@ class ControlPlane:
     def _start_scheduler(self) -> None:
         self._spawn("kube-scheduler", [
             str(self.bin / "kube-scheduler"), f"--kubeconfig={self.kubeconfig}",
-            "--leader-elect=false", "--port=0", "--secure-port=0",
+            "--leader-elect=false", "--secure-port=0",
         ])
+
+    def _start_controller_manager(self) -> None:
+        self._spawn("kube-controller-manager", [
+            str(self.bin / "kube-controller-manager"), f"--kubeconfig={self.kubeconfig}",
+            "--leader-elect=false", "--secure-port=0", f"--controllers={CONTROLLERS}",
+            "--use-service-account-credentials=false",
+            # The garbage collector and EndpointSlices react at once, not after a resync.
+            "--concurrent-gc-syncs=5", "--concurrent-service-endpoint-syncs=5",
+        ])
+
+    def _start_operator(self) -> None:
+        """The real KubeRay operator, as the Helm chart runs it (default feature gates)."""
+        assert self.operator_bin is not None
+        health, metrics = _free_port(), _free_port()
+        self.operator_health = f"http://127.0.0.1:{health}"
+        from tests.uniflow.plugins.ray.kuberay.bed._pod_network_double import ServiceProxy
+
+        self._service_proxy = ServiceProxy(self.net_file).start()
+        env = {k: v for k, v in os.environ.items()
+               if not k.startswith("RAY_") and k.lower() not in ("http_proxy", "no_proxy")}
+        env.update(KUBECONFIG=str(self.kubeconfig), HTTP_PROXY=self._service_proxy.url,
+                   NO_PROXY="127.0.0.1,localhost")
+        self._spawn("kuberay-operator", [
+            str(self.operator_bin / "kuberay-operator"),
+            f"--metrics-addr=127.0.0.1:{metrics}",
+            f"--health-probe-bind-address=127.0.0.1:{health}",
+            "--enable-leader-election=false", f"--feature-gates={FEATURE_GATES}",
+            "--enable-metrics=true", "--log-stdout-encoder=console",
+        ], env=env)
+        self._wait(lambda: _get(f"{self.operator_health}/readyz", None), "kuberay-operator",
+                   120)
 
     def _wait(self, probe: Any, name: str, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
@@ -165,7 +236,7 @@ class ControlPlane:
 
         api = client.ApiextensionsV1Api(self.api_client())
         for path in sorted(CRD_DIR.glob("*.yaml")):
-            crd = crd_for_1_20(yaml.load(path.read_text(), Loader=_LOADER))
+            crd = yaml.load(path.read_text(), Loader=_LOADER)
             api.create_custom_resource_definition(crd)
         for path in sorted(CRD_DIR.glob("*.yaml")):
             name = yaml.load(path.read_text(), Loader=_LOADER)["metadata"]["name"]
@@ -188,29 +259,6 @@ class ControlPlane:
             "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
                             "message": "uniflow test node",
                             "lastHeartbeatTime": _now(), "lastTransitionTime": _now()}]}})
-
-
-def crd_for_1_20(crd: dict[str, Any]) -> dict[str, Any]:
-    """The three mechanical changes a 1.20 API server needs in the KubeRay 1.7 CRDs."""
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            if node.get("default") == "":
-                del node["default"]  # 1.20 reads an empty-string default as null
-            node.pop("x-kubernetes-validations", None)  # CEL rules arrived in 1.25
-            keys = node.get("x-kubernetes-list-map-keys")
-            items = node.get("items")
-            if keys and isinstance(items, dict):
-                required = set(items.get("required", []))
-                items["required"] = sorted(required | set(keys))
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(crd)
-    return crd
 
 
 def _established(api: Any, name: str) -> bool:

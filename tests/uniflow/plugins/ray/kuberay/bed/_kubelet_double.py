@@ -3,41 +3,49 @@ processes and pod status out, through the real API server.
 
 No kubelet or container runtime can run here. For each pod the real scheduler bound to one of
 its nodes, the double gives the pod its own loopback address (127.A.B.N stands in for pod
-networking; A.B is drawn per double, so two test beds on one machine do not share
-addresses), runs the pod's ``ray start`` command as a local process on that address (the
-container image is not run; only the Ray image at this client's Ray version "exists", any
-other image fails to pull as ``ImagePullBackOff``), and reports the status a kubelet would:
-``Running`` with ``podIP`` and ``Ready`` once Ray is up; a process that dies is restarted with
-a growing back-off and reported as ``CrashLoopBackOff`` meanwhile (restartPolicy Always). A
-worker pod stays in its init phase until its head's Ray is up, as KubeRay's ``wait-gcs-ready``
-init container keeps it. A pod marked for deletion has its processes stopped and is removed.
-Port-forward streams the API server proxies to the node are served by
-``_kubelet_streaming_double``.
+networking, see ``_pod_network_double``) and runs the pod's containers the way a kubelet
+orders them: the init containers one after another (KubeRay's ``wait-gcs-ready`` loop
+included), each to success, then the first (Ray) container, all through ``bash`` with the
+container's ``command``/``args`` and its environment (``env`` with ``value`` and ``valueFrom``
+(Secret, ConfigMap, pod fields), ``envFrom``). A Secret or ConfigMap that is missing and not
+optional leaves the container waiting with ``CreateContainerConfigError``, as a kubelet does.
+The container image is not run; only the Ray image at this client's Ray version "exists", any
+other image fails to pull as ``ImagePullBackOff``. ``Ready`` follows the container's readiness
+probe (``httpGet``, or the operator's ``wget`` exec probe read as its URLs), evaluated on the
+probe's own delay and period. A process that dies is restarted with a growing back-off and
+reported as ``CrashLoopBackOff`` meanwhile (restartPolicy Always). A pod marked for deletion
+has its processes stopped and is removed. Port-forward streams the API server proxies to the
+node are served by ``_kubelet_streaming_double``.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import os
 import random
-import shlex
+import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 
-# A pod's processes are ended, and its start is seen, the way the local provisioner does it.
-from michelangelo.uniflow.plugins.ray._local import _head_started, _kill_sessions
+# A pod's processes are ended the way the local provisioner does it.
+from michelangelo.uniflow.plugins.ray._local import _kill_sessions
 from michelangelo.uniflow.plugins.ray._ports import free_port
 from tests.uniflow.plugins.ray.kuberay.bed._kubelet_streaming_double import KubeletStreamingDouble
+from tests.uniflow.plugins.ray.kuberay.bed._pod_network_double import VIRTUAL_PORTS, write_wrapper
 
-_HEAD_GCS_PORT = 6379
 _DASHBOARD_PORT = 8265
 
 
@@ -49,6 +57,10 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+class _ConfigError(Exception):
+    """What a kubelet reports as CreateContainerConfigError."""
+
+
 @dataclass
 class _PodProcess:
     name: str
@@ -57,18 +69,23 @@ class _PodProcess:
     log: str
     temp_dir: str
     head: bool
-    gcs_port: int | None = None
-    words: list[str] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    init_index: int = 0  # init containers done
     restarts: int = 0
     restart_at: float = 0.0
     reported: str = ""
+    ready: bool = False
+    probe_at: float = 0.0
+    started_at: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
 class KubeletDouble:
     def __init__(self, api_client: Any, nodes: list[str], *, namespace: str = "default",
-                 good_image_prefix: str | None = None, first_ip: int = 40) -> None:
+                 good_image_prefix: str | None = None, first_ip: int = 40,
+                 net_file: Path | None = None) -> None:
         import ray
 
         self.nodes = set(nodes)
@@ -76,14 +93,17 @@ class KubeletDouble:
         self.good_image_prefix = good_image_prefix or f"rayproject/ray:{ray.__version__}"
         self._core = client.CoreV1Api(api_client)
         self._next_ip = first_ip
-        # A loopback /24 of this double's own: Ray's fixed ports (6379, 8265, ...) on a pod
-        # address would otherwise meet a second bed's pods when two suites share the machine.
-        self._subnet = f"127.{random.randint(1, 254)}.{random.randint(0, 255)}"
+        # Pod IPs in a /16 of 127.0.0.0/8 of this double's own: other kubelet doubles on this
+        # machine (other test sessions) get other ones, so their pods' ports never meet.
+        self._subnet = f"{random.randint(100, 254)}.{random.randint(1, 254)}"
         self._pods: dict[str, _PodProcess] = {}
-        self._heads: dict[str, tuple[str, int]] = {}  # cluster -> (ip, gcs port)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="kubelet-double")
         self.log_dir = tempfile.mkdtemp(prefix="uf-kubelet-")
+        self._bin = Path(self.log_dir) / "bin"
+        write_wrapper(self._bin)
+        self._net_file = net_file or Path(self.log_dir) / "net.json"
+        self._net_file.write_text("{}")
         self.errors: list[str] = []
 
     def start(self) -> KubeletDouble:
@@ -108,6 +128,14 @@ class KubeletDouble:
     def _pod_ip(self, namespace: str, name: str) -> str | None:
         record = self._pods.get(name) if namespace == self.namespace else None
         return record.ip if record is not None and record.proc is not None else None
+
+    def pod_log(self, name: str) -> str:
+        """What the pod's containers printed, each after a ``--- <container>`` line."""
+        record = self._pods.get(name)
+        if record is None:
+            return ""
+        with open(record.log, errors="replace") as handle:
+            return handle.read()
 
     def processes(self) -> list[subprocess.Popen]:
         return [p.proc for p in self._pods.values() if p.proc is not None]
@@ -138,124 +166,291 @@ class KubeletDouble:
                                                      grace_period_seconds=0)
                 continue
             if name not in self._pods:
-                if not self._head_up_for(pod):
-                    self._report_init(pod)
-                    continue
-                self._pods[name] = self._run(pod)
-            self._report(pod, self._pods[name])
+                self._pods[name] = self._admit(pod)
+        self._write_network()
+        for pod in pods:
+            record = self._pods.get(pod.metadata.name)
+            if record is not None and not pod.metadata.deletion_timestamp:
+                self._step(pod, record)
 
-    def _head_up_for(self, pod: Any) -> bool:
-        labels = pod.metadata.labels or {}
-        if labels.get("ray.io/node-type") == "head":
-            return True
-        cluster = labels.get("ray.io/cluster", "")
-        heads = [p for p in self._pods.values() if p.head and self._heads.get(cluster, ("",))[0]
-                 == p.ip]
-        return bool(heads) and _head_started(heads[0].log)
-
-    def _report_init(self, pod: Any) -> None:
-        if pod.status.phase == "Pending" and any(
-                c.type == "Initialized" and c.status == "False"
-                for c in (pod.status.conditions or [])):
-            return
-        self._core.patch_namespaced_pod_status(pod.metadata.name, self.namespace, {"status": {
-            "phase": "Pending",
-            "conditions": [
-                {"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()},
-                {"type": "Initialized", "status": "False", "reason": "ContainersNotInitialized",
-                 "message": "containers with incomplete status: [wait-gcs-ready]",
-                 "lastTransitionTime": _now()}]}})
-
-    def _run(self, pod: Any) -> _PodProcess:
-        container = pod.spec.containers[0]
-        ip = f"{self._subnet}.{self._next_ip}"
+    def _admit(self, pod: Any) -> _PodProcess:
+        ip = f"127.{self._subnet}.{self._next_ip}"
         self._next_ip += 1
-        labels = pod.metadata.labels or {}
+        labels = dict(pod.metadata.labels or {})
         head = labels.get("ray.io/node-type") == "head"
         temp_dir = tempfile.mkdtemp(prefix="r", dir="/tmp")
         log = os.path.join(self.log_dir, f"{pod.metadata.name}.log")
-        record = _PodProcess(pod.metadata.name, ip, None, log, temp_dir, head)
-        if not container.image.startswith(self.good_image_prefix):
+        record = _PodProcess(pod.metadata.name, ip, None, log, temp_dir, head, labels)
+        record.ports = {str(v): _free_port(ip) for v in VIRTUAL_PORTS.values()}
+        record.ports[str(_DASHBOARD_PORT)] = _DASHBOARD_PORT  # the dashboard keeps its port
+        bad = [c.image for c in [*(pod.spec.init_containers or []), *pod.spec.containers]
+               if not c.image.startswith(self.good_image_prefix)]
+        if bad:
             record.extra["image_error"] = (
-                f'Failed to pull image "{container.image}": not found in any registry')
-            return record
-        record.words = self._command(pod, record, labels.get("ray.io/cluster", ""))
-        env = dict(os.environ)
-        env.update({"RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled"),
-                    "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0",
-                    "RAY_USAGE_STATS_ENABLED": "0"})
-        env.pop("RAY_ADDRESS", None)
-        # The Ray image's `python` is the one with Ray and this project: here, this venv's.
-        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-        for item in container.env or []:
-            env[item.name] = item.value or ""
-        record.env = env
-        self._start(record)
+                f'Failed to pull image "{bad[0]}": not found in any registry')
         return record
 
-    def _start(self, record: _PodProcess) -> None:
-        with open(record.log, "ab") as handle:
-            record.proc = subprocess.Popen(record.words, stdout=handle,
-                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                           env=record.env, start_new_session=True)
+    def _write_network(self) -> None:
+        """Cluster DNS for the pods: pod IPs and Service names to pod addresses and ports."""
+        hosts: dict[str, Any] = {}
+        for record in self._pods.values():
+            hosts[record.ip] = {"ip": record.ip, "ports": record.ports}
+        for svc in self._core.list_namespaced_service(self.namespace).items:
+            selector = svc.spec.selector or {}
+            if not selector:
+                continue
+            for record in self._pods.values():
+                if record.proc is not None and all(record.labels.get(k) == v
+                                                    for k, v in selector.items()):
+                    name = svc.metadata.name
+                    for host in (name, f"{name}.{self.namespace}",
+                                 f"{name}.{self.namespace}.svc",
+                                 f"{name}.{self.namespace}.svc.cluster.local"):
+                        hosts[host] = hosts[record.ip]
+                    break
+        text = json.dumps({"hosts": hosts})
+        if self._net_file.read_text() != text:
+            tmp = self._net_file.with_suffix(".tmp")
+            tmp.write_text(text)
+            tmp.replace(self._net_file)
 
-    def _command(self, pod: Any, record: _PodProcess, cluster: str) -> list[str]:
-        script = pod.spec.containers[0].args[0].split(";", 1)[-1].strip()
-        words = shlex.split(script)
-        assert words[:2] == ["ray", "start"], words
-        ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
-        out = [ray_bin, "start"]
-        for word in words[2:]:
-            if word.startswith("--address="):
-                head_ip, gcs = self._heads[cluster]
-                word = f"--address={head_ip}:{gcs}"
-            elif word.startswith("--dashboard-host="):
-                word = f"--dashboard-host={record.ip}"
-            out.append(word)
-        # What a pod's own network namespace would give it: its address and private ports.
-        out += [f"--node-ip-address={record.ip}", f"--temp-dir={record.temp_dir}",
-                f"--dashboard-agent-listen-port={_free_port(record.ip)}",
-                f"--metrics-export-port={_free_port(record.ip)}",
-                f"--node-manager-port={_free_port(record.ip)}",
-                f"--object-manager-port={_free_port(record.ip)}",
-                "--disable-usage-stats"]
-        if record.head:
-            record.gcs_port = _free_port(record.ip)
-            self._heads[cluster] = (record.ip, record.gcs_port)
-            out += [f"--port={record.gcs_port}", f"--dashboard-port={_DASHBOARD_PORT}",
-                    f"--ray-client-server-port={_free_port(record.ip)}"]
-        return out
+    # -- the container environment -------------------------------------------------------------
+    def _secret(self, name: str) -> dict[str, str] | None:
+        try:
+            secret = self._core.read_namespaced_secret(name, self.namespace)
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
 
-    def _report(self, pod: Any, record: _PodProcess) -> None:
-        container = pod.spec.containers[0]
+    def _config_map(self, name: str) -> dict[str, str] | None:
+        try:
+            return dict(self._core.read_namespaced_config_map(name, self.namespace).data or {})
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def _environment(self, pod: Any, record: _PodProcess, container: Any) -> dict[str, str]:
+        # The Ray image's environment is this machine's, less what points at other clusters
+        # or decides Ray's auth (only the pod's own env may); its `python` is this venv's.
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "KUBECONFIG")}
+        env["PATH"] = os.pathsep.join([str(self._bin), os.path.dirname(sys.executable),
+                                       env.get("PATH", "/usr/bin:/bin")])
+        # A pod's own file system: no Ray token or other state of this machine's user.
+        home = os.path.join(record.temp_dir, "home")
+        os.makedirs(home, exist_ok=True)
+        env.update({"HOME": home, "HOSTNAME": pod.metadata.name, "RAY_USAGE_STATS_ENABLED": "0",
+                    "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": "0"})
+        for source in container.env_from or []:
+            prefix = source.prefix or ""
+            if source.secret_ref is not None:
+                data = self._secret(source.secret_ref.name)
+                ref, kind = source.secret_ref, "secret"
+            else:
+                data = self._config_map(source.config_map_ref.name)
+                ref, kind = source.config_map_ref, "configmap"
+            if data is None:
+                if ref.optional:
+                    continue
+                raise _ConfigError(f'{kind} "{ref.name}" not found')
+            env.update({prefix + k: v for k, v in data.items()})
+        for item in container.env or []:
+            if item.value_from is None:
+                env[item.name] = _expand(item.value or "", env)
+                continue
+            value = self._value_from(pod, record, item.name, item.value_from)
+            if value is not None:
+                env[item.name] = value
+        # What the pod network double needs to give this pod its network.
+        env.update({"UF_POD_IP": record.ip, "UF_POD_PORTS": json.dumps(record.ports),
+                    "UF_POD_TEMP": record.temp_dir, "UF_NET_FILE": str(self._net_file),
+                    "UF_REAL_RAY": os.path.join(os.path.dirname(sys.executable), "ray"),
+                    "UF_POD_NODE_MANAGER_PORT": str(_free_port(record.ip)),
+                    "UF_POD_OBJECT_MANAGER_PORT": str(_free_port(record.ip))})
+        return env
+
+    def _value_from(self, pod: Any, record: _PodProcess, name: str, source: Any) -> str | None:
+        if source.secret_key_ref is not None or source.config_map_key_ref is not None:
+            ref = source.secret_key_ref or source.config_map_key_ref
+            kind = "secret" if source.secret_key_ref is not None else "configmap"
+            data = (self._secret if kind == "secret" else self._config_map)(ref.name)
+            if data is None:
+                if ref.optional:
+                    return None
+                raise _ConfigError(f'{kind} "{ref.name}" not found')
+            if ref.key not in data:
+                if ref.optional:
+                    return None
+                raise _ConfigError(f"couldn't find key {ref.key} in {kind.capitalize()} "
+                                   f"{self.namespace}/{ref.name}")
+            return data[ref.key]
+        if source.field_ref is not None:
+            path = source.field_ref.field_path
+            fields = {"metadata.name": pod.metadata.name,
+                      "metadata.namespace": pod.metadata.namespace,
+                      "metadata.uid": pod.metadata.uid, "spec.nodeName": pod.spec.node_name,
+                      "spec.serviceAccountName": pod.spec.service_account_name or "",
+                      "status.podIP": record.ip, "status.hostIP": "127.0.0.1",
+                      "status.podIPs": record.ip}
+            match = re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path)
+            if match:
+                return ((pod.metadata.labels if match[1] == "labels"
+                         else pod.metadata.annotations) or {}).get(match[2], "")
+            return fields.get(path, "")
+        if source.resource_field_ref is not None:
+            return _resource_value(pod, source.resource_field_ref)
+        return None
+
+    # -- running the pod -----------------------------------------------------------------------
+    def _step(self, pod: Any, record: _PodProcess) -> None:
         if "image_error" in record.extra:
             state = {"waiting": {"reason": "ImagePullBackOff",
                                  "message": record.extra["image_error"]}}
             self._patch(pod, record, "Pending", False, state, "image")
             return
+        inits = pod.spec.init_containers or []
+        if record.proc is None:
+            container = inits[record.init_index] if record.init_index < len(inits) \
+                else pod.spec.containers[0]
+            self._launch(pod, record, container)
+            if record.proc is None:
+                return
+        proc = record.proc
+        if record.init_index < len(inits):
+            if proc.poll() is None:
+                self._report_init(pod, record, "running")
+                return
+            if proc.returncode == 0:
+                record.init_index += 1
+                record.proc = None
+                self._step(pod, record)
+                return
+            self._crashed(pod, record, inits[record.init_index], init=True)
+            return
+        if proc.poll() is not None:
+            self._crashed(pod, record, pod.spec.containers[0], init=False)
+            return
+        self._probe(pod, record)
+        state = {"running": {"startedAt": _now()}}
+        self._patch(pod, record, "Running", record.ready, state,
+                    f"running{record.ready}{record.restarts}", restarts=record.restarts)
+
+    def _launch(self, pod: Any, record: _PodProcess, container: Any) -> None:
+        try:
+            env = self._environment(pod, record, container)
+        except _ConfigError as exc:
+            state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
+            if container.name != pod.spec.containers[0].name:
+                self._report_init(pod, record, "config", state=state)
+            else:
+                self._patch(pod, record, "Pending", False, state, f"config:{exc}")
+            return
+        words = [*(container.command or []), *(container.args or [])]
+        if not words:  # the image's entrypoint: the Ray image has none that would serve
+            words = ["bash", "-c", "sleep infinity"]
+        record.env = env
+        with open(record.log, "ab") as handle:
+            handle.write(f"--- {container.name}\n".encode())
+            handle.flush()
+            record.proc = subprocess.Popen(words, stdout=handle, stderr=subprocess.STDOUT,
+                                           stdin=subprocess.DEVNULL, env=env,
+                                           start_new_session=True)
+        record.started_at = time.monotonic()
+        record.ready = False
+        record.probe_at = 0.0
+
+    def _crashed(self, pod: Any, record: _PodProcess, container: Any, *, init: bool) -> None:
         proc = record.proc
         assert proc is not None
-        if proc.poll() is not None:
-            now = time.monotonic()
-            if not record.restart_at:
-                _kill_sessions({proc.pid})
-                record.restarts += 1
-                record.restart_at = now + min(5.0 * 2 ** (record.restarts - 1), 60.0)
-            elif now >= record.restart_at:
-                record.restart_at = 0.0
-                self._start(record)
-                return
-            state = {"waiting": {"reason": "CrashLoopBackOff", "message":
-                                 f"back-off restarting failed container {container.name}"}}
-            self._patch(pod, record, "Running", False, state, f"crash{record.restarts}",
-                        last={"terminated": {"exitCode": proc.returncode, "reason": "Error",
-                                             "finishedAt": _now(), "startedAt": _now()}},
-                        restarts=record.restarts)
+        now = time.monotonic()
+        if not record.restart_at:
+            _kill_sessions({proc.pid})
+            record.restarts += 1
+            record.restart_at = now + min(5.0 * 2 ** (record.restarts - 1), 60.0)
+            record.ready = False
+        elif now >= record.restart_at:
+            record.restart_at = 0.0
+            record.proc = None
             return
-        ready = _head_started(record.log)
-        state = {"running": {"startedAt": _now()}}
-        self._patch(pod, record, "Running", ready, state, f"running{ready}{record.restarts}",
-                    restarts=record.restarts)
+        state = {"waiting": {"reason": "CrashLoopBackOff", "message":
+                             f"back-off restarting failed container {container.name}"}}
+        last = {"terminated": {"exitCode": proc.returncode, "reason": "Error",
+                               "finishedAt": _now(), "startedAt": _now()}}
+        if init:
+            self._report_init(pod, record, f"crash{record.restarts}", state=state, last=last)
+            return
+        self._patch(pod, record, "Running", False, state, f"crash{record.restarts}",
+                    last=last, restarts=record.restarts)
+
+    def _probe(self, pod: Any, record: _PodProcess) -> None:
+        probe = pod.spec.containers[0].readiness_probe
+        now = time.monotonic()
+        if probe is None:
+            record.ready = True
+            return
+        if now - record.started_at < (probe.initial_delay_seconds or 0) or now < record.probe_at:
+            return
+        record.probe_at = now + (probe.period_seconds or 10)
+        timeout = probe.timeout_seconds or 1
+        if probe.http_get is not None:
+            port = str(probe.http_get.port)
+            url = f"http://{record.ip}:{record.ports.get(port, port)}{probe.http_get.path or '/'}"
+            ok = _http_ok(url, timeout, None)
+        elif probe.var_exec is not None:
+            # KubeRay's exec probe: `wget ... http://localhost:PORT/PATH | grep success && ...`
+            script = " ".join(probe.var_exec.command or [])
+            urls = re.findall(r"http://(?:localhost|127\.0\.0\.1):(\d+)(/\S*)", script)
+            ok = bool(urls) and all(
+                _http_ok(f"http://{record.ip}:{record.ports.get(p, p)}{path}", timeout,
+                         "success" if "grep success" in script else None)
+                for p, path in urls)
+        else:
+            ok = True
+        if ok:
+            record.ready = True
+        else:
+            record.ready = False
+
+    def _report_init(self, pod: Any, record: _PodProcess, key: str,
+                     state: dict[str, Any] | None = None,
+                     last: dict[str, Any] | None = None) -> None:
+        inits = pod.spec.init_containers or []
+        statuses = []
+        for index, container in enumerate(inits):
+            if index < record.init_index:
+                s = {"terminated": {"exitCode": 0, "reason": "Completed"}}
+            elif index == record.init_index:
+                s = state or {"running": {"startedAt": _now()}}
+            else:
+                s = {"waiting": {"reason": "PodInitializing"}}
+            statuses.append({"name": container.name, "image": container.image, "imageID": "",
+                             "ready": index < record.init_index,
+                             "restartCount": record.restarts if index == record.init_index
+                             else 0, "state": s,
+                             **({"lastState": last} if last and index == record.init_index
+                                else {})})
+        key = f"init{record.init_index}:{key}"
+        if record.reported == key:
+            return
+        waiting = [c.name for c in inits[record.init_index:]]
+        self._core.patch_namespaced_pod_status(pod.metadata.name, self.namespace, {"status": {
+            "phase": "Pending", "podIP": record.ip, "hostIP": "127.0.0.1",
+            "conditions": [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()},
+                {"type": "Initialized", "status": "False", "reason": "ContainersNotInitialized",
+                 "message": f"containers with incomplete status: [{' '.join(waiting)}]",
+                 "lastTransitionTime": _now()},
+                {"type": "ContainersReady", "status": "False", "lastTransitionTime": _now()},
+                {"type": "Ready", "status": "False", "lastTransitionTime": _now()}],
+            "initContainerStatuses": statuses,
+            "containerStatuses": [{"name": c.name, "image": c.image, "imageID": "",
+                                   "ready": False, "restartCount": 0,
+                                   "state": {"waiting": {"reason": "PodInitializing"}}}
+                                  for c in pod.spec.containers]}})
+        record.reported = key
 
     def _patch(self, pod: Any, record: _PodProcess, phase: str, ready: bool,
                state: dict[str, Any], key: str, last: dict[str, Any] | None = None,
@@ -264,14 +459,20 @@ class KubeletDouble:
             return
         container = pod.spec.containers[0]
         flag = "True" if ready else "False"
+        inits = [{"name": c.name, "image": c.image, "imageID": "", "ready": True,
+                  "restartCount": 0, "state": {"terminated": {"exitCode": 0,
+                                                              "reason": "Completed"}}}
+                 for c in pod.spec.init_containers or []]
         status = {
-            "phase": phase, "podIP": record.ip, "hostIP": "127.0.0.1", "startTime": _now(),
+            "phase": phase, "podIP": record.ip, "podIPs": [{"ip": record.ip}],
+            "hostIP": "127.0.0.1", "startTime": _now(),
             "conditions": [
                 {"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()},
                 {"type": "Initialized", "status": "True", "lastTransitionTime": _now()},
                 {"type": "ContainersReady", "status": flag, "lastTransitionTime": _now()},
                 {"type": "Ready", "status": flag, "lastTransitionTime": _now()},
             ],
+            **({"initContainerStatuses": inits} if inits and phase == "Running" else {}),
             "containerStatuses": [{
                 "name": container.name, "image": container.image, "imageID": "",
                 "ready": ready, "restartCount": restarts, "state": state,
@@ -289,6 +490,35 @@ class KubeletDouble:
                 record.proc.wait(timeout=10)
         if record.proc is not None:
             _kill_sessions({record.proc.pid})
-        import shutil
-
         shutil.rmtree(record.temp_dir, ignore_errors=True)
+
+
+def _expand(value: str, env: dict[str, str]) -> str:
+    """Kubernetes' $(VAR) references to variables defined before."""
+    return re.sub(r"\$\((\w+)\)", lambda m: env.get(m[1], m[0]), value)
+
+
+def _resource_value(pod: Any, ref: Any) -> str:
+    from kubernetes.utils import parse_quantity
+
+    container = next((c for c in pod.spec.containers
+                      if not ref.container_name or c.name == ref.container_name),
+                     pod.spec.containers[0])
+    kind, _, name = ref.resource.partition(".")
+    amounts = (container.resources.limits if kind == "limits" else
+               container.resources.requests) or {}
+    if name not in amounts:
+        return "0"
+    quantity = parse_quantity(amounts[name])
+    divisor = parse_quantity(ref.divisor or "1")
+    value = quantity / divisor
+    return str(int(-(-value // 1)))  # rounded up, as the kubelet does
+
+
+def _http_ok(url: str, timeout: float, needle: str | None) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            body = response.read(1 << 16).decode(errors="replace")
+            return response.status == 200 and (needle is None or needle in body)
+    except Exception:
+        return False

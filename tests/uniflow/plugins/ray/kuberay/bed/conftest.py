@@ -1,20 +1,20 @@
-"""One real control plane (etcd, kube-apiserver, kube-scheduler) for the KubeRay tests,
-with two Node objects served by the kubelet double and the KubeRay operator double."""
+"""One real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) and
+the real KubeRay operator for the KubeRay tests, with two Node objects served by the kubelet
+double."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.uniflow.plugins.ray.kuberay.bed._control_plane import ControlPlane, build
+from tests.uniflow.plugins.ray.kuberay.bed._control_plane import ControlPlane, build, build_operator
 from tests.uniflow.plugins.ray.kuberay.bed._kubelet_double import KubeletDouble
-from tests.uniflow.plugins.ray.kuberay.bed._operator_double import OperatorDouble
 
 NODES = {"node-a": {"cpu": "4", "memory": "8Gi"}, "node-b": {"cpu": "2", "memory": "4Gi"}}
 
 
 @pytest.fixture(scope="session")
 def control_plane():
-    plane = ControlPlane(build()).start()
+    plane = ControlPlane(build(), build_operator()).start()
     try:
         for name, amounts in NODES.items():
             plane.add_node(name, **amounts)
@@ -25,15 +25,13 @@ def control_plane():
 
 @pytest.fixture(scope="session")
 def kube_cluster(control_plane):
-    """The plane with its doubles running; yields (plane, operator, kubelet)."""
-    api_client = control_plane.api_client()
-    operator = OperatorDouble(api_client).start()
-    kubelet = KubeletDouble(api_client, list(NODES)).start()
+    """The plane (with the real operator) and the kubelet double; yields (plane, kubelet)."""
+    kubelet = KubeletDouble(control_plane.api_client(), list(NODES),
+                            net_file=control_plane.net_file).start()
     try:
-        yield control_plane, operator, kubelet
+        yield control_plane, kubelet
     finally:
         kubelet.stop()
-        operator.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -1,5 +1,6 @@
-"""The KubeRay provisioner against a real API server and scheduler (operator and kubelet are
-test doubles): readiness, the fit check, pending reasons, fatal reasons, deadlines, deletion."""
+"""The KubeRay provisioner against a real API server, scheduler and the real KubeRay operator
+(the kubelet is a test double): readiness, the fit check, pending reasons, fatal reasons,
+deadlines, deletion."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ SMALL = RayTask(head_cpu=1, head_memory="1Gi", worker_cpu=1, worker_memory="1Gi"
 
 @pytest.fixture(scope="module")
 def api(kube_cluster):
-    plane, _, _ = kube_cluster
+    plane, _ = kube_cluster
     return KubeApi(KubeTarget(kubeconfig=str(plane.kubeconfig)))
 
 
@@ -45,7 +46,7 @@ def _wait_gone(api, name, timeout=60):
 
 
 def test_cluster_becomes_ready_with_every_node_then_is_deleted(api, kube_cluster):
-    _, _, kubelet = kube_cluster
+    _, kubelet = kube_cluster
     cluster, messages = _cluster(api, SMALL, deadline_s=240)
     try:
         cluster.start()
@@ -58,10 +59,36 @@ def test_cluster_becomes_ready_with_every_node_then_is_deleted(api, kube_cluster
         assert sorted(p["spec"]["nodeName"] is not None for p in pods) == [True, True]
         procs = kubelet.processes()
         assert procs
+        # The operator's wait-gcs-ready init container ran to success before the worker's Ray.
+        (worker,) = [p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "worker"]
+        assert [c["name"] for c in worker["spec"]["initContainers"]] == ["wait-gcs-ready"]
+        log = kubelet.pod_log(worker["metadata"]["name"])
+        assert log.index("GCS is ready") < log.index("--- ray-worker")
     finally:
         cluster.shutdown()
     assert _wait_gone(api, cluster.name)
     assert all(proc.poll() is not None for proc in procs)
+
+
+def test_a_sandbox_shaped_cluster_with_node_ports_becomes_ready(api, kube_cluster):
+    from kubernetes import client
+
+    # --sandbox gives the head Service fixed node ports; the real operator appends its default
+    # ports to a custom head Service, and the API server refuses two ports of one name.
+    cluster, _ = _cluster(api, SMALL, deadline_s=240,
+                          head_node_ports={"dashboard": 30265, "client": 30001})
+    try:
+        cluster.start()
+        core = client.CoreV1Api(kube_cluster[0].api_client())
+        service = core.read_namespaced_service(f"{cluster.name}-head-svc", "default")
+        assert service.spec.type == "NodePort"
+        ports = {p.name: p for p in service.spec.ports}
+        assert len(ports) == len(service.spec.ports)  # no name twice
+        assert ports["dashboard"].node_port == 30265 and ports["client"].node_port == 30001
+        assert cluster._alive_nodes(cluster.address) == 2
+    finally:
+        cluster.shutdown()
+    assert _wait_gone(api, cluster.name)
 
 
 def test_port_forward_through_the_api_server_carries_jobs_to_the_head(api, kube_cluster):
@@ -69,7 +96,7 @@ def test_port_forward_through_the_api_server_carries_jobs_to_the_head(api, kube_
 
     from ray.job_submission import JobStatus, JobSubmissionClient
 
-    _, _, kubelet = kube_cluster
+    _, kubelet = kube_cluster
     before = kubelet.streaming.streams
     task = RayTask(head_cpu=1, head_memory="1Gi", worker_instances=0)
     cluster, _ = _cluster(api, task, deadline_s=240, head_access="port-forward")
@@ -141,6 +168,17 @@ def test_an_image_that_cannot_be_pulled_fails_at_once(api):
     finally:
         cluster.shutdown()
     assert "cannot start" in str(info.value)  # failed at once, not at the deadline
+    assert _wait_gone(api, cluster.name)
+
+
+def test_a_missing_storage_secret_fails_at_once_with_the_kubelets_reason(api):
+    cluster, _ = _cluster(api, SMALL, storage_secret="no-such-secret", deadline_s=120)
+    try:
+        with pytest.raises(ClusterError, match="CreateContainerConfigError") as info:
+            cluster.start()
+    finally:
+        cluster.shutdown()
+    assert 'secret "no-such-secret" not found' in str(info.value)
     assert _wait_gone(api, cluster.name)
 
 

@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# Build the KubeRay test bed from the Go module proxy: a current Kubernetes control plane
+# (kube-apiserver, kube-controller-manager, kube-scheduler v$K8S_VERSION), the etcd release that
+# Kubernetes version requires, and the KubeRay operator v$KUBERAY_VERSION.
+#
+# Nothing third-party is kept in this repository: the script writes two small wrapper modules
+# into the cache (one requires k8s.io/kubernetes and pins each of its staging modules to the
+# matching v0.x release, since k8s.io/kubernetes is published with replace directives that point
+# into its own tree; the other holds a three-line main for etcd's etcdmain package) and builds
+# from the proxy. Idempotent: binaries land in ~/.cache/michelangelo/k8s-v$K8S_VERSION/bin and
+# ~/.cache/michelangelo/kuberay-v$KUBERAY_VERSION/bin; a second run costs nothing.
+#
+#   bash tools/build_kuberay_bed.sh            # everything; prints the two bin folders
+#   bash tools/build_kuberay_bed.sh k8s        # only the control plane
+#   bash tools/build_kuberay_bed.sh kuberay    # only the operator
+#
+# The operator: proxy.golang.org answers "403 This module version is not available" for
+# github.com/ray-project/kuberay/ray-operator@v1.7.0 (its .info and .mod are served, the .zip is
+# not). The script tries the proxy first; when it refuses, it builds from a git clone of
+# ray-project/kuberay named by KUBERAY_GIT (a bare or normal repository holding the tag
+# ray-operator/v$KUBERAY_VERSION); the module's dependencies still come from the proxy.
+set -euo pipefail
+
+K8S_VERSION=${K8S_VERSION:-1.36.3}
+KUBERAY_VERSION=${KUBERAY_VERSION:-1.7.0}
+CACHE=${MICHELANGELO_CACHE:-$HOME/.cache/michelangelo}
+K8S_HOME=$CACHE/k8s-v$K8S_VERSION
+KUBERAY_HOME=$CACHE/kuberay-v$KUBERAY_VERSION
+KUBERAY_GIT=${KUBERAY_GIT:-/work/.mirror/ray-project+kuberay/repo}
+WHAT=${1:-all}
+log() { echo "[bed-build $(date +%H:%M:%S)] $*" >&2; }
+
+command -v go >/dev/null 2>&1 || { echo "error: the Go toolchain (go >= 1.26) is needed; see https://go.dev/dl" >&2; exit 2; }
+export GOMODCACHE=${GOMODCACHE_OVERRIDE:-$CACHE/gomod} GOCACHE=${GOCACHE_OVERRIDE:-$CACHE/gocache}
+export CGO_ENABLED=0 GOFLAGS="-modcacherw -buildvcs=false" GOTOOLCHAIN=local GOWORK=off
+JOBS=${GO_BUILD_JOBS:-$(nproc)}
+
+# Time one build step, when GNU time is there (the numbers go to the log).
+timed() {
+    if [ -x /usr/bin/time ]; then /usr/bin/time -f "[bed-build] $1: %e s wall, %U s user, %M KiB max" "${@:2}"
+    else "${@:2}"; fi
+}
+
+build_k8s() {
+    local bin=$K8S_HOME/bin mod=$K8S_HOME/wrapper
+    if [ -x "$bin/kube-apiserver" ] && [ -x "$bin/kube-controller-manager" ] \
+        && [ -x "$bin/kube-scheduler" ] && [ -x "$bin/etcd" ]; then
+        echo "$bin"; return 0
+    fi
+    mkdir -p "$bin" "$mod/etcd"
+    if [ ! -f "$mod/.resolved" ]; then
+        log "resolving k8s.io/kubernetes v$K8S_VERSION and its staging modules"
+        go mod download -json "k8s.io/kubernetes@v$K8S_VERSION" >/dev/null
+        local kmod=$GOMODCACHE/cache/download/k8s.io/kubernetes/@v/v$K8S_VERSION.mod
+        {
+            echo "module michelangelo.local/k8s-bed"
+            echo
+            echo "go $(awk '/^go /{print $2; exit}' "$kmod")"
+            echo
+            echo "require k8s.io/kubernetes v$K8S_VERSION"
+            echo
+            echo "replace ("
+            # Every staging module the tree replaces with ./staging/src/..., at its release tag
+            # (the sample-* modules are examples and not all of them are published).
+            sed -n '/^replace (/,/^)/p' "$kmod" | awk '/=> \.\/staging/{print $1}' \
+                | grep -v '/sample-' | sed "s#.*#\t& => & v0.${K8S_VERSION#1.}#"
+            echo ")"
+        } > "$mod/go.mod"
+        # etcd's own main is this call; its module is the server release Kubernetes requires.
+        printf 'package main\n\nimport (\n\t"os"\n\n\t"go.etcd.io/etcd/server/v3/etcdmain"\n)\n\nfunc main() { etcdmain.Main(os.Args) }\n' \
+            > "$mod/etcd/main.go"
+        # etcd at the server release Kubernetes' own go.mod requires (its tested pairing).
+        local etcd_v k=k8s.io/kubernetes/cmd
+        etcd_v=$(awk '$1=="go.etcd.io/etcd/server/v3"{print $2; exit}' "$kmod")
+        (cd "$mod" && go get "$k/kube-apiserver@v$K8S_VERSION" "$k/kube-controller-manager@v$K8S_VERSION" \
+            "$k/kube-scheduler@v$K8S_VERSION" "go.etcd.io/etcd/server/v3/etcdmain@$etcd_v" >&2)
+        touch "$mod/.resolved"
+    fi
+    local minor=${K8S_VERSION#1.}; minor=${minor%%.*}
+    local v="-X k8s.io/component-base/version.gitVersion=v$K8S_VERSION"
+    v="$v -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
+    v="$v -X k8s.io/component-base/version.gitTreeState=clean"
+    v="$v -X k8s.io/client-go/pkg/version.gitVersion=v$K8S_VERSION"
+    local cmd
+    for cmd in kube-apiserver kube-controller-manager kube-scheduler; do
+        if [ ! -x "$bin/$cmd" ]; then
+            log "building $cmd v$K8S_VERSION (minutes on 2 cores)"
+            (cd "$mod" && timed "$cmd" go build -p "$JOBS" -trimpath -ldflags="-s -w $v" \
+                -o "$bin/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd")
+            mv "$bin/$cmd.tmp" "$bin/$cmd"
+        fi
+    done
+    if [ ! -x "$bin/etcd" ]; then
+        log "building etcd $(cd "$mod" && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
+        (cd "$mod" && timed etcd go build -p "$JOBS" -trimpath -ldflags="-s -w" -o "$bin/etcd.tmp" ./etcd)
+        mv "$bin/etcd.tmp" "$bin/etcd"
+    fi
+    echo "$bin"
+}
+
+build_kuberay() {
+    local bin=$KUBERAY_HOME/bin src=$KUBERAY_HOME/src
+    if [ -x "$bin/kuberay-operator" ]; then echo "$bin"; return 0; fi
+    mkdir -p "$bin"
+    local module=github.com/ray-project/kuberay/ray-operator
+    if [ ! -f "$src/go.mod" ]; then
+        local zip
+        if zip=$(go mod download -json "$module@v$KUBERAY_VERSION" 2>/dev/null | awk -F'"' '/"Dir":/{print $4}') \
+            && [ -n "$zip" ] && [ -f "$zip/go.mod" ]; then
+            log "operator source from the module proxy"
+            rm -rf "$src" && mkdir -p "$src" && cp -r "$zip"/. "$src"/ && chmod -R u+w "$src"
+        elif git --git-dir="$KUBERAY_GIT" rev-parse -q --verify "ray-operator/v$KUBERAY_VERSION^{commit}" >/dev/null 2>&1 \
+            || git -C "$KUBERAY_GIT" rev-parse -q --verify "ray-operator/v$KUBERAY_VERSION^{commit}" >/dev/null 2>&1; then
+            log "the proxy does not serve $module@v$KUBERAY_VERSION; using the tag from $KUBERAY_GIT"
+            local gd=$KUBERAY_GIT
+            [ -d "$KUBERAY_GIT/.git" ] && gd=$KUBERAY_GIT/.git
+            rm -rf "$src.tmp" && mkdir -p "$src.tmp"
+            # File by file (a partial clone may lack blobs outside ray-operator/, which
+            # git archive would trip on).
+            local mode type blob path
+            git --git-dir="$gd" ls-tree -r "ray-operator/v$KUBERAY_VERSION" ray-operator \
+                | while read -r mode type blob path; do
+                    mkdir -p "$src.tmp/$(dirname "$path")"
+                    git --git-dir="$gd" cat-file blob "$blob" > "$src.tmp/$path"
+                done
+            rm -rf "$src" && mv "$src.tmp/ray-operator" "$src" && rm -rf "$src.tmp"
+        else
+            echo "error: $module@v$KUBERAY_VERSION is not served by the Go proxy here and no clone of" \
+                 "ray-project/kuberay with the tag ray-operator/v$KUBERAY_VERSION was found;" \
+                 "set KUBERAY_GIT to one (git clone --bare https://github.com/ray-project/kuberay)" >&2
+            return 2
+        fi
+    fi
+    log "building the KubeRay operator v$KUBERAY_VERSION (minutes on 2 cores)"
+    (cd "$src" && go mod download >&2 && timed kuberay-operator go build -p "$JOBS" -trimpath \
+        -ldflags="-s -w" -o "$bin/kuberay-operator.tmp" .)
+    mv "$bin/kuberay-operator.tmp" "$bin/kuberay-operator"
+    echo "$bin"
+}
+
+case $WHAT in
+    k8s) build_k8s ;;
+    kuberay) build_kuberay ;;
+    all) build_k8s; build_kuberay ;;
+    *) echo "usage: $0 [all|k8s|kuberay]" >&2; exit 2 ;;
+esac
