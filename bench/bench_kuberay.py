@@ -26,7 +26,11 @@ if REPO not in sys.path:
 
 from _common import write_results  # noqa: E402
 
-from tests.uniflow.plugins.ray.kuberay.bed._control_plane import ControlPlane, build, build_operator  # noqa: E402
+from tests.uniflow.plugins.ray.kuberay.bed._control_plane import (  # noqa: E402
+    ControlPlane,
+    build,
+    build_operator,
+)
 from tests.uniflow.plugins.ray.kuberay.bed._kubelet_double import KubeletDouble  # noqa: E402
 
 PHASES = ("scheduled", "head ready", "all ready", "first task", "deleted")

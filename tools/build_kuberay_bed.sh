@@ -16,16 +16,20 @@
 #
 # The operator: proxy.golang.org answers "403 This module version is not available" for
 # github.com/ray-project/kuberay/ray-operator@v1.7.0 (its .info and .mod are served, the .zip is
-# not). The script tries the proxy first; when it refuses, it builds from a git clone of
-# ray-project/kuberay named by KUBERAY_GIT (a bare or normal repository holding the tag
-# ray-operator/v$KUBERAY_VERSION); the module's dependencies still come from the proxy.
+# not; checked again on 2026-12-01). The script takes, in this order: an operator already built
+# into the cache; v$KUBERAY_VERSION from the proxy; the tag ray-operator/v$KUBERAY_VERSION from a
+# git clone of ray-project/kuberay named by KUBERAY_GIT; and, when neither source has it,
+# v$KUBERAY_FALLBACK (1.6.2, the newest release the proxy serves) from the proxy, saying so on
+# stderr. The folder it prints (kuberay-v<version>/bin) names the version it built, and the
+# test bed starts that operator with that release's chart defaults. KUBERAY_FALLBACK= (empty)
+# turns the fallback off. The modules' dependencies always come from the proxy.
 set -euo pipefail
 
 K8S_VERSION=${K8S_VERSION:-1.36.3}
 KUBERAY_VERSION=${KUBERAY_VERSION:-1.7.0}
+KUBERAY_FALLBACK=${KUBERAY_FALLBACK-1.6.2}
 CACHE=${MICHELANGELO_CACHE:-$HOME/.cache/michelangelo}
 K8S_HOME=$CACHE/k8s-v$K8S_VERSION
-KUBERAY_HOME=$CACHE/kuberay-v$KUBERAY_VERSION
 KUBERAY_GIT=${KUBERAY_GIT:-/work/.mirror/ray-project+kuberay/repo}
 WHAT=${1:-all}
 log() { echo "[bed-build $(date +%H:%M:%S)] $*" >&2; }
@@ -99,6 +103,7 @@ build_k8s() {
 }
 
 build_kuberay() {
+    local KUBERAY_VERSION=$1 KUBERAY_HOME=$CACHE/kuberay-v$1
     local bin=$KUBERAY_HOME/bin src=$KUBERAY_HOME/src
     if [ -x "$bin/kuberay-operator" ]; then echo "$bin"; return 0; fi
     mkdir -p "$bin"
@@ -124,6 +129,11 @@ build_kuberay() {
                     git --git-dir="$gd" cat-file blob "$blob" > "$src.tmp/$path"
                 done
             rm -rf "$src" && mv "$src.tmp/ray-operator" "$src" && rm -rf "$src.tmp"
+        elif [ -n "$KUBERAY_FALLBACK" ] && [ "$KUBERAY_FALLBACK" != "$KUBERAY_VERSION" ]; then
+            log "the proxy does not serve $module@v$KUBERAY_VERSION and no clone of ray-project/kuberay" \
+                "with its tag was found (KUBERAY_GIT=$KUBERAY_GIT); using v$KUBERAY_FALLBACK instead"
+            KUBERAY_FALLBACK= build_kuberay "$KUBERAY_FALLBACK"
+            return
         else
             echo "error: $module@v$KUBERAY_VERSION is not served by the Go proxy here and no clone of" \
                  "ray-project/kuberay with the tag ray-operator/v$KUBERAY_VERSION was found;" \
@@ -140,7 +150,7 @@ build_kuberay() {
 
 case $WHAT in
     k8s) build_k8s ;;
-    kuberay) build_kuberay ;;
-    all) build_k8s; build_kuberay ;;
+    kuberay) build_kuberay "$KUBERAY_VERSION" ;;
+    all) build_k8s; build_kuberay "$KUBERAY_VERSION" ;;
     *) echo "usage: $0 [all|k8s|kuberay]" >&2; exit 2 ;;
 esac

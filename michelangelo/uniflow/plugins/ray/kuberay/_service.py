@@ -1,8 +1,9 @@
 """A serving deployment as a KubeRay ``RayService``: its Serve config plus a RayTask cluster.
 
 The deployment description is the same plain value the local ``deploy`` hands to Ray Serve
-(``michelangelo.lib.serving``); here it becomes ``serveConfigV2``, with the HTTP proxy bound to
-every interface of the head pod (the Service in front of it decides who can reach it). A
+(``michelangelo.lib.serving``); here it becomes ``serveConfigV2``, with an HTTP proxy on every
+pod, bound to all of the pod's interfaces (the Service in front of them decides who can reach
+them). A
 RayService outlives the run that made it: it carries no expiry, and ``clusters gc`` (which
 removes run clusters) leaves it and the clusters KubeRay makes for it alone.
 """
@@ -68,6 +69,11 @@ def ray_service_manifest(serve_config: dict[str, Any], task: RayTask, *, name: s
     config = dict(serve_config)
     config["http_options"] = {**config.get("http_options", {}), "host": "0.0.0.0",
                               "port": HEAD_PORTS["serve"]}
+    # Serve's own default, and what KubeRay is built around: its serve Service sends traffic
+    # to every worker pod whose own Serve proxy passes the readiness probe KubeRay gives it
+    # (a proxy runs where replicas run). With a head-only proxy no worker pod would ever be
+    # Ready and every request would pass through the head.
+    config["proxy_location"] = "EveryNode"
     if working_dir:
         config["applications"] = [
             {**app, "runtime_env": {**app.get("runtime_env", {}), "working_dir": working_dir}}

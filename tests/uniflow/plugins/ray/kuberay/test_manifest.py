@@ -167,6 +167,8 @@ def test_ray_service_renders_the_serving_description_and_validates():
     assert app["import_path"] == "michelangelo.lib.serving._app:build_app"
     assert DeploymentDescription.from_dict(app["args"]["description"]) == description
     assert config["http_options"] == {"host": "0.0.0.0", "port": 8000}
+    # KubeRay probes each worker's own Serve proxy for readiness: a proxy where replicas run
+    assert config["proxy_location"] == "EveryNode"
     cluster = manifest["spec"]["rayClusterConfig"]
     assert cluster["workerGroupSpecs"][0]["replicas"] == 4
     # a lasting endpoint: no expiry, and not one of the run clusters `clusters gc` removes

@@ -42,7 +42,11 @@ def _state() -> dict | None:
 
 def serve() -> None:
     """Runs the bed in this process until SIGTERM or SIGINT."""
-    from tests.uniflow.plugins.ray.kuberay.bed._control_plane import ControlPlane, build, build_operator
+    from tests.uniflow.plugins.ray.kuberay.bed._control_plane import (
+        ControlPlane,
+        build,
+        build_operator,
+    )
     from tests.uniflow.plugins.ray.kuberay.bed._kubelet_double import KubeletDouble
     from tests.uniflow.plugins.ray.kuberay.bed.conftest import NODES
 
@@ -71,10 +75,10 @@ def up(timeout_s: float = 900) -> int:
         STATE.mkdir(parents=True, exist_ok=True)
         STATE_FILE.unlink(missing_ok=True)
         log = open(STATE / "bed.log", "ab")  # noqa: SIM115  (handed to the child)
-        proc = subprocess.Popen([sys.executable, "-m", "tests.uniflow.plugins.ray.kuberay.bed._bed_cli", "serve"],
+        proc = subprocess.Popen([sys.executable, "-m", __spec__.name, "serve"],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True,
-                                cwd=str(Path(__file__).resolve().parents[2]))
+                                cwd=str(Path(__file__).resolve().parents[6]))
         deadline = time.monotonic() + timeout_s
         while (state := _state()) is None:
             if proc.poll() is not None or time.monotonic() > deadline:

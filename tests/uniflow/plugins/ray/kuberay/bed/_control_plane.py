@@ -2,16 +2,18 @@
 kube-apiserver, kube-controller-manager, kube-scheduler and kuberay-operator as processes.
 
 Built by ``tools/build_kuberay_bed.sh`` from the Go module proxy (Kubernetes v1.36, the etcd
-release it requires, KubeRay v1.7.0). It gives the KubeRay tests real CRD validation, dry
-runs, watches, Events, a real scheduler binding pods to Node objects, the real garbage
-collector and EndpointSlice controller, and the operator's own reconcilers. Nothing here is a
-double; only the kubelet is (``_kubelet_double``), since no container runtime runs here.
+release it requires, KubeRay v1.7.0, or v1.6.2 where v1.7.0 cannot be had). It gives the
+KubeRay tests real CRD validation, dry runs, watches, Events, a real scheduler binding pods to
+Node objects, the real garbage collector and EndpointSlice controller, and the operator's own
+reconcilers. The doubles are the kubelet (``_kubelet_double``), since no container runtime
+runs here, and the pod network and cluster DNS it would give (``_pod_network_double``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import signal
 import ssl
@@ -27,15 +29,21 @@ import yaml
 REPO = Path(__file__).resolve().parents[6]
 CRD_DIR = REPO.parent / "shared" / "kuberay" / "crds"
 BUILD_SCRIPT = REPO / "tools" / "build_kuberay_bed.sh"
-# The kuberay-operator chart's default feature gates at v1.7.0 (helm values.yaml).
-FEATURE_GATES = ("RayClusterStatusConditions=true,RayJobDeletionPolicy=true,"
-                 "RayMultiHostIndexing=true,RayServiceIncrementalUpgrade=true,"
-                 "RayCronJob=false,RayClusterMTLS=false,RayClusterNetworkPolicy=false,"
-                 "RayClusterHistoryServer=false")
+# The kuberay-operator chart's default feature gates (helm-chart/kuberay-operator/values.yaml)
+# per operator release the bed can run: v1.7.0, or v1.6.2 where v1.7.0 cannot be built.
+FEATURE_GATES = {
+    "1.7": ("RayClusterStatusConditions=true,RayJobDeletionPolicy=true,"
+            "RayMultiHostIndexing=true,RayServiceIncrementalUpgrade=true,"
+            "RayCronJob=false,RayClusterMTLS=false,RayClusterNetworkPolicy=false,"
+            "RayClusterHistoryServer=false"),
+    "1.6": ("RayClusterStatusConditions=true,RayJobDeletionPolicy=true,"
+            "RayMultiHostIndexing=true,RayServiceIncrementalUpgrade=false,RayCronJob=false"),
+}
 # What the controller-manager runs: the controllers a cluster without kubelets can use (no
 # node lifecycle controller: the nodes here send no heartbeats).
 CONTROLLERS = ("garbage-collector-controller,endpointslice-controller,"
-               "endpointslice-mirroring-controller,namespace-controller")
+               "endpointslice-mirroring-controller,namespace-controller,"
+               "resourcequota-controller")
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
@@ -45,8 +53,17 @@ def build() -> Path:
 
 
 def build_operator() -> Path:
-    """The folder holding ``kuberay-operator`` (built on first use)."""
+    """The folder holding ``kuberay-operator`` (built on first use): ``.../kuberay-v<X.Y.Z>/bin``,
+    which names the release the build script could get (see its header)."""
     return _build("kuberay")
+
+
+def operator_version(operator_bin: Path) -> str:
+    """The KubeRay release of a ``build_operator()`` folder, e.g. ``"1.7.0"``."""
+    match = re.fullmatch(r"kuberay-v(\d+\.\d+\.\d+)", operator_bin.parent.name)
+    if match is None:
+        raise ValueError(f"cannot tell the KubeRay release of {operator_bin}")
+    return match.group(1)
 
 
 def _build(what: str) -> Path:
@@ -193,6 +210,16 @@ class ControlPlane:
             "--concurrent-gc-syncs=5", "--concurrent-service-endpoint-syncs=5",
         ])
 
+    def feature_gates(self) -> str:
+        """The chart's default feature gates of the operator release this plane runs."""
+        assert self.operator_bin is not None
+        release = operator_version(self.operator_bin)
+        gates = FEATURE_GATES.get(release.rpartition(".")[0])
+        if gates is None:
+            raise ValueError(f"no chart feature gates known for KubeRay {release}; add them to "
+                             "FEATURE_GATES from that release's helm values.yaml")
+        return gates
+
     def _start_operator(self) -> None:
         """The real KubeRay operator, as the Helm chart runs it (default feature gates)."""
         assert self.operator_bin is not None
@@ -209,7 +236,7 @@ class ControlPlane:
             str(self.operator_bin / "kuberay-operator"),
             f"--metrics-addr=127.0.0.1:{metrics}",
             f"--health-probe-bind-address=127.0.0.1:{health}",
-            "--enable-leader-election=false", f"--feature-gates={FEATURE_GATES}",
+            "--enable-leader-election=false", f"--feature-gates={self.feature_gates()}",
             "--enable-metrics=true", "--log-stdout-encoder=console",
         ], env=env)
         self._wait(lambda: _get(f"{self.operator_health}/readyz", None), "kuberay-operator",

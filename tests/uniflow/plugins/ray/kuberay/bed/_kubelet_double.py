@@ -2,9 +2,9 @@
 processes and pod status out, through the real API server.
 
 No kubelet or container runtime can run here. For each pod the real scheduler bound to one of
-its nodes, the double gives the pod its own loopback address (127.A.B.N stands in for pod
-networking, see ``_pod_network_double``) and runs the pod's containers the way a kubelet
-orders them: the init containers one after another (KubeRay's ``wait-gcs-ready`` loop
+its nodes, the double gives the pod an address of its own on the loopback device
+(198.18.A.N stands in for pod networking, see ``_pod_network_double``) and runs the pod's
+containers the way a kubelet orders them: the init containers one after another (KubeRay's ``wait-gcs-ready`` loop
 included), each to success, then the first (Ray) container, all through ``bash`` with the
 container's ``command``/``args`` and its environment (``env`` with ``value`` and ``valueFrom``
 (Secret, ConfigMap, pod fields), ``envFrom``). A Secret or ConfigMap that is missing and not
@@ -24,7 +24,6 @@ import base64
 import contextlib
 import json
 import os
-import random
 import re
 import shutil
 import signal
@@ -44,7 +43,13 @@ from kubernetes import client
 from michelangelo.uniflow.plugins.ray._local import _kill_sessions
 from michelangelo.uniflow.plugins.ray._ports import free_port
 from tests.uniflow.plugins.ray.kuberay.bed._kubelet_streaming_double import KubeletStreamingDouble
-from tests.uniflow.plugins.ray.kuberay.bed._pod_network_double import VIRTUAL_PORTS, write_wrapper
+from tests.uniflow.plugins.ray.kuberay.bed._pod_network_double import (
+    VIRTUAL_PORTS,
+    add_pod_address,
+    pod_subnet,
+    remove_pod_address,
+    write_wrapper,
+)
 
 _DASHBOARD_PORT = 8265
 
@@ -93,9 +98,8 @@ class KubeletDouble:
         self.good_image_prefix = good_image_prefix or f"rayproject/ray:{ray.__version__}"
         self._core = client.CoreV1Api(api_client)
         self._next_ip = first_ip
-        # Pod IPs in a /16 of 127.0.0.0/8 of this double's own: other kubelet doubles on this
-        # machine (other test sessions) get other ones, so their pods' ports never meet.
-        self._subnet = f"{random.randint(100, 254)}.{random.randint(1, 254)}"
+        # Pod IPs in a /24 of this double's own (see _pod_network_double.pod_subnet).
+        self._subnet = pod_subnet()
         self._pods: dict[str, _PodProcess] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="kubelet-double")
@@ -174,8 +178,9 @@ class KubeletDouble:
                 self._step(pod, record)
 
     def _admit(self, pod: Any) -> _PodProcess:
-        ip = f"127.{self._subnet}.{self._next_ip}"
+        ip = f"{self._subnet}.{self._next_ip}"
         self._next_ip += 1
+        add_pod_address(ip)
         labels = dict(pod.metadata.labels or {})
         head = labels.get("ray.io/node-type") == "head"
         temp_dir = tempfile.mkdtemp(prefix="r", dir="/tmp")
@@ -239,6 +244,8 @@ class KubeletDouble:
                if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "KUBECONFIG")}
         env["PATH"] = os.pathsep.join([str(self._bin), os.path.dirname(sys.executable),
                                        env.get("PATH", "/usr/bin:/bin")])
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(self._bin / "site"), *filter(None, [env.get("PYTHONPATH")])])
         # A pod's own file system: no Ray token or other state of this machine's user.
         home = os.path.join(record.temp_dir, "home")
         os.makedirs(home, exist_ok=True)
@@ -491,6 +498,7 @@ class KubeletDouble:
         if record.proc is not None:
             _kill_sessions({record.proc.pid})
         shutil.rmtree(record.temp_dir, ignore_errors=True)
+        remove_pod_address(record.ip)
 
 
 def _expand(value: str, env: dict[str, str]) -> str:

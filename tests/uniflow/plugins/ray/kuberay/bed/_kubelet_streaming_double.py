@@ -5,8 +5,8 @@ A real kubelet serves port-forward streams over HTTPS on its node's kubelet port
 server finds that port in the Node's ``status.daemonEndpoints`` and proxies the client's
 WebSocket to it unchanged. This double speaks the same WebSocket protocol
 (``v4.channel.k8s.io``: per port a data channel and an error channel, each opened with a frame
-naming the port) and connects to the pod's loopback address, which stands in for the pod's
-network namespace. Only one port per stream, which is what port-forward clients open.
+naming the port) and connects to the pod's address (on the loopback device), which stands in
+for the pod's network namespace. Only one port per stream, which is what port-forward clients open.
 """
 
 from __future__ import annotations

@@ -1,13 +1,21 @@
 """TEST DOUBLE of a pod's network namespace and of cluster DNS, for the kubelet double.
 
-Pods here are local processes sharing the host's network; each gets a loopback address
-(127.A.B.N) as its pod IP. What a real pod network gives for free (its own copy of every port,
-``<service>.<namespace>.svc.cluster.local`` names) is emulated at one boundary: the ``ray``
-command the pod's shell runs. The kubelet double puts a small ``ray`` wrapper first on each
-pod's PATH; it rewrites the network arguments of ``ray start`` and ``ray health-check``
+Pods here are local processes sharing the host's network; each gets an address of its own,
+added to the host's loopback device for the pod's lifetime (``add_pod_address``). The
+addresses come from 198.18.0.0/15, the block set aside for network benchmarks (RFC 2544),
+which no real network routes: Kubernetes refuses loopback addresses in EndpointSlices, and
+the real EndpointSlice controller (which KubeRay's RayService readiness counts on) would
+otherwise publish no endpoint for any pod. What a real pod network gives for free (its own
+copy of every port,
+``<service>.<namespace>.svc.cluster.local`` names) is emulated at two boundaries. The first is
+the ``ray`` command the pod's shell runs: the kubelet double puts a small ``ray`` wrapper first
+on each pod's PATH; it rewrites the network arguments of ``ray start`` and ``ray health-check``
 (well-known ports to the pod's private ones, Service names to the endpoint pod's address) and
 then runs the real ``ray``. Everything else in the operator's command (``ulimit``, the
-``wait-gcs-ready`` loop, environment expansion) runs unchanged in bash.
+``wait-gcs-ready`` loop, environment expansion) runs unchanged in bash. The second is a
+``sitecustomize`` on the pod's PYTHONPATH: a Serve proxy binding ``0.0.0.0:8000`` (as the
+RayService's Serve config asks, on every pod) binds the pod's own address instead, so each
+pod has its own port 8000 as it would in its own network namespace.
 
 The mapping lives in a JSON file the kubelet double rewrites as pods come and go:
 ``{"hosts": {name: {"ip": ..., "ports": {"6379": 41234, ...}}}}``, keyed by pod IP and by
@@ -18,6 +26,8 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import subprocess
 import sys
 from pathlib import Path
 
@@ -33,14 +43,62 @@ main()
 """
 
 
+# Serve's HTTP port. A pod's proxy binds it on 0.0.0.0, which in a real pod means the pod's
+# own addresses; here every pod shares the host, so the shim below binds it to the pod's IP.
+SERVE_PORT = 8000
+
+_BIND_SHIM = """# Written by the KubeRay test bed's pod network double (tests only).
+import os
+import socket
+
+_POD_IP = os.environ.get("UF_POD_IP")
+if _POD_IP:
+    _bind = socket.socket.bind
+
+    def _pod_bind(self, address):
+        if (self.family == socket.AF_INET and isinstance(address, tuple)
+                and address[0] in ("0.0.0.0", "") and address[1] == {port}):
+            address = (_POD_IP, *address[1:])
+        return _bind(self, address)
+
+    socket.socket.bind = _pod_bind
+"""
+
+
 def write_wrapper(folder: Path) -> Path:
-    """Writes the ``ray`` wrapper into ``folder`` (put it first on the pod's PATH)."""
+    """Writes the ``ray`` wrapper into ``folder`` (put it first on the pod's PATH), and the
+    bind shim into ``folder/site`` (put that on the pod's PYTHONPATH; see ``SERVE_PORT``)."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "ray"
-    root = str(Path(__file__).resolve().parents[2])
+    root = str(Path(__file__).resolve().parents[6])
     path.write_text(_WRAPPER.format(python=sys.executable, root=root))
     path.chmod(0o755)
+    site = folder / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(_BIND_SHIM.format(port=SERVE_PORT))
     return path
+
+
+def pod_subnet() -> str:
+    """A /24 of 198.18.0.0/15 for one kubelet double (``"198.18.7"``): two test beds on one
+    machine draw different ones, so their pods' addresses never meet."""
+    return f"198.{random.choice((18, 19))}.{random.randint(0, 255)}"
+
+
+def add_pod_address(ip: str) -> None:
+    """Puts ``ip`` on the loopback device (needs root: CAP_NET_ADMIN)."""
+    done = subprocess.run(["ip", "addr", "replace", f"{ip}/32", "dev", "lo"],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"the KubeRay test bed could not give a pod the address {ip}: "
+            f"`ip addr replace {ip}/32 dev lo` said {done.stderr.strip()!r}. Fix: run the "
+            "KubeRay tests as root (they need CAP_NET_ADMIN and iproute2's `ip`).")
+
+
+def remove_pod_address(ip: str) -> None:
+    """Takes ``ip`` off the loopback device again (quietly, if it is already gone)."""
+    subprocess.run(["ip", "addr", "del", f"{ip}/32", "dev", "lo"], capture_output=True)
 
 
 def _resolve(net: dict, host: str, port: str) -> str:
@@ -48,19 +106,6 @@ def _resolve(net: dict, host: str, port: str) -> str:
     if entry is None:
         return f"{host}:{port}"  # unknown: left as is, and fails as it would without DNS
     return f"{entry['ip']}:{entry['ports'].get(port, port)}"
-
-
-def _pod_serve_host(body: bytes, ip: str) -> bytes:
-    """A Serve config's ``0.0.0.0`` is all of the pod's addresses: here, its one address."""
-    try:
-        config = json.loads(body)
-    except ValueError:
-        return body
-    options = config.get("http_options") if isinstance(config, dict) else None
-    if isinstance(options, dict) and options.get("host") in ("0.0.0.0", "::"):
-        options["host"] = ip
-        return json.dumps(config).encode()
-    return body
 
 
 def rewrite(argv: list[str], env: dict[str, str], net: dict) -> list[str]:
@@ -156,11 +201,10 @@ class ServiceProxy:
                     net = {}
                 target = _resolve(net, url.hostname or "", str(url.port or 80))
                 host, _, port = target.rpartition(":")
-                if body and self.command == "PUT" and url.path.startswith(
-                        "/api/serve/applications"):
-                    body = _pod_serve_host(body, host)
+                # http.client sets Content-Length from the body it sends.
                 headers = {k: v for k, v in self.headers.items()
-                           if k.lower() not in ("proxy-connection", "connection", "host")}
+                           if k.lower() not in ("proxy-connection", "connection", "host",
+                                                "content-length")}
                 try:
                     conn = http.client.HTTPConnection(host, int(port), timeout=30)
                     path = url.path + (f"?{url.query}" if url.query else "")

@@ -193,3 +193,28 @@ def test_server_side_dry_run_refuses_what_the_crd_rejects(api):
     assert "replicas" in str(info.value)
     assert api.get("RayCluster", cluster.name, "default") is None
     assert not isinstance(info.value, UserError)
+
+
+def test_workers_the_api_server_refuses_fail_at_once_with_kubes_reason(api, kube_cluster):
+    """A quota that admits the head pod but not the worker: the real operator marks the
+    cluster ``ReplicaFailure`` (its ``RayClusterProvisioned`` alone would read as done, since
+    every pod that exists runs), and the provisioner fails with the API server's words
+    instead of waiting out its deadline."""
+    from kubernetes import client
+
+    plane, _ = kube_cluster
+    core = client.CoreV1Api(plane.api_client())
+    quota = client.V1ResourceQuota(metadata=client.V1ObjectMeta(name="one-pod"),
+                                   spec=client.V1ResourceQuotaSpec(hard={"pods": "1"}))
+    core.create_namespaced_resource_quota("default", quota)
+    cluster, _ = _cluster(api, SMALL, deadline_s=600)
+    try:
+        with pytest.raises(ClusterError) as info:
+            cluster.start()
+    finally:
+        cluster.shutdown()
+        core.delete_namespaced_resource_quota("one-pod", "default")
+    message = str(info.value)
+    assert "cannot start" in message and "exceeded quota: one-pod" in message, message
+    assert "was not ready within" not in message  # failed on the reason, not the deadline
+    assert _wait_gone(api, cluster.name)
