@@ -32,12 +32,17 @@ class JobFailedError(ClusterError):
 class JobsCluster:
     """A Ray cluster at ``address`` (``http://HOST:8265``) that runs task attempts as jobs."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, *, headers: dict[str, str] | None = None) -> None:
+        """Args:
+            address: The dashboard URL.
+            headers: Sent with every request, e.g. the cluster's token as ``Authorization``
+                (a provisioner that made the cluster knows it; never printed).
+        """
         from ray.job_submission import JobSubmissionClient
 
         self.address = address.rstrip("/")
         try:
-            self.client = JobSubmissionClient(self.address)
+            self.client = JobSubmissionClient(self.address, headers=headers)
         except ConnectionError as exc:
             raise ClusterError(
                 f"--ray-address {self.address!r}: no Ray dashboard answers there ({exc}). "

@@ -84,6 +84,10 @@ class RunClusters(Protocol):
     def plan_concurrency(self, configs: list[RayTask]) -> tuple[int, str]:
         """How many branches of ``configs`` run at once, and the reason in words."""
 
+    def auth_headers(self, address: str) -> dict[str, str]:
+        """Headers the Jobs API at ``address`` (a leased cluster's) needs with every request,
+        such as its token; empty when it needs none. Never printed."""
+
     def publish(self, deployments: list[dict[str, Any]], config: RayTask, call_id: str,
                 project: Any) -> None:
         """Make the endpoints a task deployed on its cluster outlive the run."""

@@ -109,7 +109,8 @@ class _RemoteState:
             )
         self.run = run
         self._fixed: JobsCluster | None = None  # --ray-address: every job goes there
-        self._clients: dict[str, JobsCluster] = {}  # address -> client (versions checked)
+        # (address, request headers) -> its client, versions checked
+        self._clients: dict[tuple[str, tuple[tuple[str, str], ...]], JobsCluster] = {}
         # With a run provisioner each branch's attempt has its own cluster: per thread.
         self._branch = threading.local()
         self._ship_sdk: dict[str, bool] = {}  # cluster address -> jobs carry this SDK
@@ -131,10 +132,12 @@ class _RemoteState:
 
     def client(self, address: str) -> JobsCluster:
         """The Jobs API client of the cluster at ``address`` (versions checked once)."""
-        key = address.rstrip("/")
+        headers = self.provisioned.auth_headers(address) if self.provisioned else {}
+        # A later cluster may come back at an address an earlier one had, with its own token.
+        key = (address.rstrip("/"), tuple(sorted(headers.items())))
         with self._clients_lock:
             if key not in self._clients:
-                cluster = JobsCluster(address)
+                cluster = JobsCluster(address, headers=headers or None)
                 cluster.check_versions()
                 self._clients[key] = cluster
             return self._clients[key]

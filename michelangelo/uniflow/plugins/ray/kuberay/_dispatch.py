@@ -45,6 +45,9 @@ _VALUE_OPTIONS = {
     "head_access": ("--head-access", "auto|pod|port-forward",
                     "remote-run --kuberay: reach heads by pod address, through the API server's "
                     "port-forward, or auto (the address when it answers, else port-forward)"),
+    "auth": ("--auth", "disabled|token",
+             "remote-run --kuberay: Ray's token authentication on the RayClusters (token: "
+             "KubeRay makes one per cluster; it is read from the cluster's Secret, never shown)"),
 }
 
 
@@ -75,12 +78,13 @@ def settings_from(options: dict[str, Any]) -> KubeRaySettings:
                            target=KubeTarget(context=context), storage_secret=storage_secret,
                            head_address=head_address, head_node_ports=head_node_ports,
                            head_access=options.get("head_access") or "auto",
-                           serve_node_port=serve_node_port)
+                           serve_node_port=serve_node_port,
+                           auth=options.get("auth") or "disabled")
 
 
 def _check(mode: str, value: Any, options: dict[str, Any]) -> None:
     if not value:
-        for name in ("namespace", "image", "kube_context", "sandbox", "head_access"):
+        for name in ("namespace", "image", "kube_context", "sandbox", "head_access", "auth"):
             if options.get(name):
                 flag = (_VALUE_OPTIONS.get(name) or _FLAG_OPTIONS[name])[0]
                 raise UserError(f"{flag} only applies with remote-run --kuberay.")
@@ -175,6 +179,14 @@ class RunClusters:
             with self._cond:
                 self._holders.pop(cluster.name, None)
                 self._cond.notify_all()
+
+    def auth_headers(self, address: str) -> dict[str, str]:
+        """The token header of the run's cluster whose Jobs API is at ``address``."""
+        with self._cond:
+            for cluster in self._clusters:
+                if cluster.address and cluster.address.rstrip("/") == address.rstrip("/"):
+                    return cluster.auth_headers
+        return {}
 
     def _acquire(self, config: RayTask, task_name: str, holder: str) -> KubeRayCluster:
         cluster = KubeRayCluster(config, run_id=self.run.run_id, task_name=task_name,

@@ -149,6 +149,22 @@ class KubeApi:
                 return None
             raise
 
+    def secret_value(self, name: str, namespace: str, key: str) -> str | None:
+        """One decoded value of a Secret; None when the Secret or the key is not there.
+
+        The value is a credential: callers keep it out of messages and logs.
+        """
+        import base64
+
+        try:
+            secret = self._call(self._core.read_namespaced_secret, name, namespace)
+        except KubeError as exc:
+            if exc.status == 404:
+                return None
+            raise
+        raw = (secret.data or {}).get(key)
+        return None if raw is None else base64.b64decode(raw).decode()
+
     def port_forward(self, namespace: str, pod: Callable[[], str | None],
                      port: int) -> PortForward:
         """A started :class:`PortForward` from 127.0.0.1 to ``port`` of the pod ``pod()`` names."""

@@ -44,6 +44,12 @@ def default_image() -> str:
     return f"rayproject/ray:{ray.__version__}-py{sys.version_info.major}{sys.version_info.minor}"
 
 
+# Ray's authentication modes a RayCluster can ask KubeRay for (``spec.authOptions.mode``).
+AUTH_MODES = ("disabled", "token")
+# The key of the token in the Secret KubeRay makes for a cluster in token mode.
+AUTH_TOKEN_KEY = "auth_token"
+
+
 def ray_cluster_manifest(
     task: RayTask,
     *,
@@ -55,6 +61,7 @@ def ray_cluster_manifest(
     ttl_s: float = DEFAULT_TTL_S,
     now: float | None = None,
     head_node_ports: dict[str, int] | None = None,
+    auth: str = "disabled",
 ) -> dict[str, Any]:
     """A ``RayCluster`` with one head and one worker group shaped like ``task``.
 
@@ -75,14 +82,21 @@ def ray_cluster_manifest(
         now: Creation time used for the expiry annotation (defaults to the current time).
         head_node_ports: Fixed node ports for head ports by name (``{"dashboard": 30265}``),
             for clusters whose nodes map them to the host, as the kind sandbox does.
+        auth: Ray's authentication on the cluster: ``"disabled"`` (KubeRay's default) or
+            ``"token"``: KubeRay makes a random token, keeps it in a Secret named like the
+            cluster, and gives it to every node; clients must send it (``spec.authOptions``).
 
     Returns:
         The manifest as a plain dict, ready for the Kubernetes API.
 
     Raises:
-        ValueError: If ``name``, ``namespace`` or a label is not valid for Kubernetes.
+        ValueError: If ``name``, ``namespace`` or a label is not valid for Kubernetes, or
+            ``auth`` is not one of :data:`AUTH_MODES`.
     """
     check_kuberay_name("name", name, max_len=50)
+    if auth not in AUTH_MODES:
+        raise ValueError(f"auth={auth!r} is not one of {', '.join(AUTH_MODES)}. Fix: "
+                         "auth='token' to have KubeRay turn Ray's token authentication on.")
     _check_name("namespace", namespace, max_len=63)
     all_labels = {MANAGED_LABEL: "uniflow", **(labels or {})}
     for key, value in all_labels.items():
@@ -122,6 +136,8 @@ def ray_cluster_manifest(
         spec["headGroupSpec"]["headService"] = {"spec": {"type": "NodePort", "ports": [
             {"name": port_name, "port": HEAD_PORTS[port_name], "nodePort": node_port}
             for port_name, node_port in sorted(head_node_ports.items())]}}
+    if auth == "token":
+        spec["authOptions"] = {"mode": "token"}
     if task.worker_instances > 0:
         spec["workerGroupSpecs"].append({
             "groupName": WORKER_GROUP,

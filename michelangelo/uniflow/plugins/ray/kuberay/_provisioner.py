@@ -27,6 +27,8 @@ from michelangelo.uniflow.core.errors import ClusterError, UserError
 from michelangelo.uniflow.plugins.ray.kuberay._fit import check_fit
 from michelangelo.uniflow.plugins.ray.kuberay._kube import KubeApi, KubeError, KubeTarget
 from michelangelo.uniflow.plugins.ray.kuberay._manifest import (
+    AUTH_MODES,
+    AUTH_TOKEN_KEY,
     HEAD_PORTS,
     RUN_LABEL,
     TASK_LABEL,
@@ -69,8 +71,15 @@ class KubeRaySettings:
     head_access: str = "auto"
     # Where RayServices expose Serve on the nodes (the sandbox maps it to 127.0.0.1:8000).
     serve_node_port: int | None = None
+    # Ray's authentication on the RayClusters (AUTH_MODES): "token" has KubeRay make a token
+    # per cluster; this client reads it from the cluster's Secret and sends it.
+    auth: str = "disabled"
 
     def __post_init__(self) -> None:
+        if self.auth not in AUTH_MODES:
+            raise UserError(
+                f"--auth {self.auth!r} is not one of {', '.join(AUTH_MODES)}. Fix: --auth token "
+                "(KubeRay gives each RayCluster a token of its own) or leave it out.")
         if self.head_access not in HEAD_ACCESS:
             raise UserError(
                 f"head access {self.head_access!r} is not one of {', '.join(HEAD_ACCESS)}. Fix: "
@@ -128,6 +137,13 @@ class KubeRayCluster(RayCluster):
         self.timeline: dict[str, float] = {}
         self.reasons_seen: list[str] = []
         self.state = ClusterState.PENDING
+        self._token: str | None = None  # the cluster's Ray token (auth "token"); never shown
+
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        """The headers a request to this cluster's dashboard and Jobs API needs (its token
+        when the cluster runs with token authentication); empty otherwise."""
+        return {"Authorization": f"Bearer {self._token}"} if self._token else {}
 
     @property
     def api(self) -> KubeApi:
@@ -141,6 +157,7 @@ class KubeRayCluster(RayCluster):
             labels={RUN_LABEL: label_value(self.run_id), TASK_LABEL: label_value(self.task_name)},
             storage_secret=self.settings.storage_secret,
             head_node_ports=self.settings.head_node_ports,
+            auth=self.settings.auth,
         )
 
     @property
@@ -245,7 +262,12 @@ class KubeRayCluster(RayCluster):
                         "or pass --head-access pod where pod addresses are reachable.")
                 if self._forward is not None and self._forward.last_error:
                     phase += f" ({self._forward.last_error})"
-                if head and self._dashboard_ready(head):
+                if head and self.settings.auth == "token" and self._token is None:
+                    self._token = self._read_token()
+                    if self._token is None:
+                        phase = "waiting for KubeRay to make the cluster's auth token Secret"
+                if head and self._dashboard_ready(head) and \
+                        (self.settings.auth != "token" or self._token is not None):
                     alive = self._alive_nodes(head)
                     if alive >= expected:
                         self._connect(head)
@@ -288,6 +310,19 @@ class KubeRayCluster(RayCluster):
             self._forward = self.api.port_forward(self.namespace, self._current_head, port)
         return self._forward.url
 
+    def _read_token(self) -> str | None:
+        """The token KubeRay keeps in the Secret named like the cluster (None: not yet)."""
+        try:
+            return self.api.secret_value(self.name, self.namespace, AUTH_TOKEN_KEY)
+        except KubeError as exc:
+            if exc.status != 403:
+                raise
+            raise UserError(
+                f"--auth token: reading Secret {self.namespace}/{self.name} (the RayCluster's "
+                f"Ray token, which KubeRay makes) was refused: {exc.reason}. Fix: have your user "
+                f"granted 'get' on secrets in namespace {self.namespace!r}, or leave --auth "
+                "out.") from None
+
     def _current_head(self) -> str | None:
         """The head pod's name now (KubeRay replaces a head pod that dies)."""
         for pod in self.api.pods(self.namespace,
@@ -297,10 +332,10 @@ class KubeRayCluster(RayCluster):
         return None
 
     def _dashboard_ready(self, url: str) -> bool:
-        return _http_json(f"{url}/api/version") is not None
+        return _http_json(f"{url}/api/version", self.auth_headers) is not None
 
     def _alive_nodes(self, url: str) -> int:
-        data = _http_json(f"{url}/nodes?view=summary")
+        data = _http_json(f"{url}/nodes?view=summary", self.auth_headers)
         try:
             summary = data["data"]["summary"]
         except (TypeError, KeyError):
@@ -394,9 +429,10 @@ def _answers(host: str | None, port: int) -> bool:
     return True
 
 
-def _http_json(url: str) -> Any:
+def _http_json(url: str, headers: dict[str, str] | None = None) -> Any:
     try:
-        with urllib.request.urlopen(url, timeout=2) as response:
+        request = urllib.request.Request(url, headers=headers or {})
+        with urllib.request.urlopen(request, timeout=2) as response:
             return json.loads(response.read().decode() or "null")
     except Exception:
         return None

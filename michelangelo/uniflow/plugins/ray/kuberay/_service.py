@@ -43,7 +43,8 @@ def ray_service_manifest(serve_config: dict[str, Any], task: RayTask, *, name: s
                          labels: dict[str, str] | None = None,
                          storage_secret: str | None = None,
                          working_dir: str | None = None,
-                         serve_node_port: int | None = None) -> dict[str, Any]:
+                         serve_node_port: int | None = None,
+                         auth: str = "disabled") -> dict[str, Any]:
     """A ``ray.io/v1`` ``RayService`` serving ``serve_config`` on a cluster shaped like ``task``.
 
     Args:
@@ -57,6 +58,8 @@ def ray_service_manifest(serve_config: dict[str, Any], task: RayTask, *, name: s
         working_dir: A zip URI (``s3://``, ``gs://``, ``file://``) every application runs in,
             e.g. the project that defines the model factory.
         serve_node_port: Expose the Serve proxy on this NodePort (a host-mapped sandbox).
+        auth: Ray's authentication on the serving cluster (see ``ray_cluster_manifest``);
+            KubeRay then sends the cluster's token with the Serve config it submits.
 
     Raises:
         ValueError: ``name`` is not a RayService name KubeRay accepts (a DNS-1035 label of
@@ -65,7 +68,7 @@ def ray_service_manifest(serve_config: dict[str, Any], task: RayTask, *, name: s
     check_kuberay_name("deployment name", name, max_len=MAX_SERVICE_NAME, kind="RayService",
                        example="churn-model")
     cluster = ray_cluster_manifest(task, name=name, namespace=namespace, image=image,
-                                   labels=labels, storage_secret=storage_secret)
+                                   labels=labels, storage_secret=storage_secret, auth=auth)
     config = dict(serve_config)
     config["http_options"] = {**config.get("http_options", {}), "host": "0.0.0.0",
                               "port": HEAD_PORTS["serve"]}

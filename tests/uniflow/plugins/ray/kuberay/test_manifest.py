@@ -251,3 +251,23 @@ def test_ray_cluster_names_must_start_with_a_letter():
     """``ValidateRayClusterMetadata`` (``controllers/ray/utils/validation.go``): DNS-1035."""
     with pytest.raises(ValueError, match="name='1-train' is not a valid RayCluster name"):
         ray_cluster_manifest(TASKS["no-memory"], name="1-train")
+
+
+def test_token_auth_asks_kuberay_for_a_token_and_bad_modes_are_refused():
+    from michelangelo.uniflow.core.errors import UserError
+    from michelangelo.uniflow.plugins.ray.kuberay._provisioner import KubeRaySettings
+
+    plain = ray_cluster_manifest(TASKS["cpu-only"], name="plain")
+    assert "authOptions" not in plain["spec"]  # KubeRay's own default: no authentication
+    token = ray_cluster_manifest(TASKS["cpu-only"], name="guarded", auth="token")
+    assert token["spec"]["authOptions"] == {"mode": "token"}
+    assert problems(token) == []
+    with pytest.raises(ValueError, match=r"auth='tokens' is not one of disabled, token"):
+        ray_cluster_manifest(TASKS["cpu-only"], name="typo", auth="tokens")
+    with pytest.raises(UserError, match=r"--auth 'on' is not one of disabled, token. Fix"):
+        KubeRaySettings(auth="on")
+    from michelangelo.uniflow.plugins.ray.kuberay import ray_service_manifest
+
+    service = ray_service_manifest({"applications": []}, TASKS["cpu-only"], name="guarded",
+                                   auth="token")
+    assert service["spec"]["rayClusterConfig"]["authOptions"] == {"mode": "token"}

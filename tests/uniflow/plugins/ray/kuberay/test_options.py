@@ -24,3 +24,12 @@ def test_head_access_reaches_the_settings():
     assert settings_from({"kuberay": True}).head_access == "auto"
     assert settings_from({"kuberay": True, "head_access": "port-forward"}).head_access == \
         "port-forward"
+
+
+def test_auth_is_checked_up_front_needs_kuberay_and_reaches_the_settings():
+    with pytest.raises(UserError, match="--auth 'yes' is not one of disabled, token. Fix"):
+        Context("remote-run", options={"kuberay": True, "auth": "yes"})
+    with pytest.raises(UserError, match="--auth only applies with remote-run --kuberay"):
+        Context("remote-run", options={"ray_address": "http://h:8265", "auth": "token"})
+    assert settings_from({"kuberay": True}).auth == "disabled"
+    assert settings_from({"kuberay": True, "auth": "token"}).auth == "token"

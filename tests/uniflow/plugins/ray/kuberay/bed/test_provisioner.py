@@ -218,3 +218,48 @@ def test_workers_the_api_server_refuses_fail_at_once_with_kubes_reason(api, kube
     assert "cannot start" in message and "exceeded quota: one-pod" in message, message
     assert "was not ready within" not in message  # failed on the reason, not the deadline
     assert _wait_gone(api, cluster.name)
+
+
+def test_token_auth_end_to_end_without_the_token_ever_shown(api, kube_cluster, capfd):
+    """``auth="token"``: the real operator makes the cluster's token Secret and gives every
+    node the token; the provisioner reads it for its own dashboard checks and the Jobs API
+    client, a job on the cluster connects to Ray with it, a request without it is refused,
+    and the token shows up in no message."""
+    import urllib.error
+    import urllib.request
+
+    from michelangelo.uniflow.plugins.ray._jobs import JobsCluster
+
+    _, kubelet = kube_cluster
+    task = RayTask(head_cpu=1, head_memory="1Gi", worker_cpu=1, worker_memory="1Gi",
+                   worker_instances=1)
+    cluster, messages = _cluster(api, task, deadline_s=240, auth="token")
+    try:
+        cluster.start()
+        token = api.secret_value(cluster.name, "default", "auth_token")
+        assert token and cluster.auth_headers == {"Authorization": f"Bearer {token}"}
+        pods = api.pods("default", f"ray.io/cluster={cluster.name}")
+        for pod in pods:  # the operator's doing: the mode, and the token from the Secret
+            env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+            assert env["RAY_AUTH_MODE"]["value"] == "token"
+            assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == cluster.name
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"{cluster.address}/api/jobs/", timeout=10)
+        assert refused.value.code in (401, 403)
+        jobs = JobsCluster(cluster.address, headers=cluster.auth_headers)
+        jobs.check_versions()
+        out = jobs.probe("python -c \"import ray; ray.init(); "
+                         "print('alive', len([n for n in ray.nodes() if n['Alive']]))\"",
+                         deadline_s=180)
+        assert "alive 2" in out
+    finally:
+        cluster.shutdown()
+    assert _wait_gone(api, cluster.name)
+    deadline = time.monotonic() + 60  # the Secret is the cluster's: the garbage collector's
+    while api.secret_value(cluster.name, "default", "auth_token") is not None:
+        assert time.monotonic() < deadline, "the token Secret outlived its RayCluster"
+        time.sleep(0.5)
+    shown = capfd.readouterr()
+    assert token not in shown.out + shown.err and not any(token in m for m in messages)
+    assert token not in repr(cluster) and token not in str(cluster.__dict__.get("settings"))
+    assert kubelet.errors == []
