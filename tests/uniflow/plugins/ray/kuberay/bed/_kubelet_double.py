@@ -128,6 +128,7 @@ class KubeletDouble:
         for pod in list(self._pods.values()):
             self._kill(pod)
         self._pods.clear()
+        shutil.rmtree(self.log_dir, ignore_errors=True)  # the pods' logs, the wrapper
 
     def _pod_ip(self, namespace: str, name: str) -> str | None:
         record = self._pods.get(name) if namespace == self.namespace else None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import ssl
 import struct
 import subprocess
@@ -61,6 +62,7 @@ class KubeletStreamingDouble:
             asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(30)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10)
+        shutil.rmtree(self._dir, ignore_errors=True)
 
     async def _serve(self, app: web.Application, context: ssl.SSLContext) -> None:
         self._runner = web.AppRunner(app, access_log=None)
