@@ -31,7 +31,8 @@ demo: setup
 
 # The KubeRay test bed's binaries, built once from the Go module proxy into ~/.cache/michelangelo:
 # kube-apiserver, kube-controller-manager, kube-scheduler v1.36, the etcd they require, and the
-# KubeRay operator v1.7.0 (tools/build_kuberay_bed.sh; needs Go >= 1.26).
+# KubeRay operator v1.7.0, or v1.6.2 where v1.7.0 cannot be built (tools/build_kuberay_bed.sh;
+# needs Go >= 1.26).
 k8s:
 	bash tools/build_kuberay_bed.sh
 

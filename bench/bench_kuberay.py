@@ -1,8 +1,8 @@
 """Provisioning timeline of a KubeRay RayCluster on the real test control plane.
 
 Starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler and the real KubeRay
-operator v1.7.0 (built by tools/build_kuberay_bed.sh), two Node objects served by the kubelet
-test double, then
+operator (v1.7.0, or v1.6.2 where v1.7.0 cannot be built; see tools/build_kuberay_bed.sh), two
+Node objects served by the kubelet test double, then
 provisions a RayTask's cluster with the real provisioner and prints, per run, the seconds from
 creation to each phase: scheduled, head ready, all ready (every Ray node alive), first task
 (a no-op Ray job finished through the Jobs API) and deleted (pods gone). It also times one
