@@ -145,6 +145,12 @@ class KubeletDouble:
     def processes(self) -> list[subprocess.Popen]:
         return [p.proc for p in self._pods.values() if p.proc is not None]
 
+    def stray_processes(self) -> list[int]:
+        """Processes of this double's pods that are no longer running pods (there should be
+        none: a container's end takes everything started in it)."""
+        live = {p.ip for p in self._pods.values()}
+        return [pid for pid, ip in _pod_processes(self._subnet) if ip not in live]
+
     def _loop(self) -> None:
         while not self._stop.is_set():
             try:
@@ -498,8 +504,37 @@ class KubeletDouble:
                 record.proc.wait(timeout=10)
         if record.proc is not None:
             _kill_sessions({record.proc.pid})
+        # What left the pod's sessions (a Ray job's driver runs in a session of its own) still
+        # carries the pod's environment: a container's end takes it too, as its cgroup would.
+        _kill_pids([pid for pid, ip in _pod_processes(self._subnet) if ip == record.ip])
         shutil.rmtree(record.temp_dir, ignore_errors=True)
         remove_pod_address(record.ip)
+
+
+def _pod_processes(subnet: str) -> list[tuple[int, str]]:
+    """``(pid, pod IP)`` of every process started in a pod of the double whose subnet this is
+    (found by the ``UF_POD_IP`` each pod's processes inherit)."""
+    import psutil
+
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            ip = proc.environ().get("UF_POD_IP", "")
+            if ip.startswith(f"{subnet}.") and proc.pid != os.getpid():
+                found.append((proc.pid, ip))
+    return found
+
+
+def _kill_pids(pids: list[int]) -> None:
+    import psutil
+
+    procs = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            proc = psutil.Process(pid)
+            proc.kill()
+            procs.append(proc)
+    psutil.wait_procs(procs, timeout=5)
 
 
 def _expand(value: str, env: dict[str, str]) -> str:

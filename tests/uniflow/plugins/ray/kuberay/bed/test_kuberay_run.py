@@ -196,7 +196,7 @@ def test_raytask_branches_get_a_raycluster_each_fit_together_and_resume_alone(
 
 
 def test_sigterm_while_branches_run_deletes_every_cluster(kube_cluster, api, storage):
-    plane, _ = kube_cluster
+    plane, kubelet = kube_cluster
     env = _env(plane, storage)
     env.update(WF="slow_pair", WF_SECONDS="600")
     proc = subprocess.Popen([sys.executable, WORKFLOWS, "remote-run", "--kuberay"], env=env,
@@ -223,6 +223,8 @@ def test_sigterm_while_branches_run_deletes_every_cluster(kube_cluster, api, sto
                for ln in output.splitlines() if ln.endswith(" deleted") and "RayCluster" in ln}
     assert deleted == {c.name for c in ready}, output[-3000:]
     assert _no_clusters_left(api)
+    # The jobs' drivers (sessions of their own in the pods) ended with their pods.
+    assert kubelet.stray_processes() == []
 
 
 def test_gc_removes_clusters_whose_run_is_gone_or_expired(kube_cluster, api, storage):

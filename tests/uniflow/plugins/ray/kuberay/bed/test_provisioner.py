@@ -118,12 +118,38 @@ def test_port_forward_through_the_api_server_carries_jobs_to_the_head(api, kube_
         # every request went API server -> kubelet streaming -> head pod
         assert kubelet.streaming.streams - before >= 5
         assert kubelet.streaming.errors == []
+        # A job still running when the cluster goes: Ray starts its driver in a session of
+        # its own, and the pod's end must take it all the same.
+        jobs.submit_job(entrypoint="python -c \"import time; time.sleep(600)\"")
+        deadline = time.monotonic() + 120
+        while not any("time.sleep(600)" in " ".join(_cmdline(pid))
+                      for pid in _pod_pids(kubelet)):
+            assert time.monotonic() < deadline, "the job's driver did not start"
+            time.sleep(0.5)
     finally:
         cluster.shutdown()
     assert cluster._forward is None
     with pytest.raises(OSError):  # the local listener is gone with the cluster
         socket.create_connection(("127.0.0.1", forward.local_port), timeout=2).close()
     assert _wait_gone(api, cluster.name)
+    assert kubelet.stray_processes() == []
+
+
+def _cmdline(pid):
+    import psutil
+
+    try:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return []
+
+
+def _pod_pids(kubelet):
+    """Every process started in one of the kubelet double's pods."""
+    import psutil
+
+    return [p.pid for root in kubelet.processes() if root.poll() is None
+            for p in [psutil.Process(root.pid), *psutil.Process(root.pid).children(True)]]
 
 
 def test_fit_check_names_the_pod_the_resource_and_the_largest_node(api):
