@@ -6,7 +6,8 @@ registry), ``_ingest`` (how a worker reads its shard), ``_warm_start`` (initial 
 registry warm starts, freezing), ``_checkpoints`` (auto-resume and the experiment store) and
 ``_worker`` (the loop each Ray Train worker runs and what it reports); ``_trainer`` and
 ``_state_dict`` hold the two trainer classes; ``_poll_interval`` sets how often Ray Train's
-controller collects the workers' reports during a fit.
+controller collects the workers' reports during a fit, and ``_sigint`` puts the process's
+SIGINT handler back after it.
 """
 
 from __future__ import annotations

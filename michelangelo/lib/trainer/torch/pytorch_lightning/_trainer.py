@@ -28,6 +28,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._ingest import (
     split_for_workers,
 )
 from michelangelo.lib.trainer.torch.pytorch_lightning._poll_interval import fast_polling
+from michelangelo.lib.trainer.torch.pytorch_lightning._sigint import restored_sigint
 from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start import (
     MetaModels,
     check_initial_weights_fit,
@@ -153,7 +154,7 @@ class LightningTrainer(TorchTrainer):
                 self.datasets = {}
             self.train_loop_config = {"spec": spec}
             try:
-                with fast_polling():
+                with fast_polling(), restored_sigint():
                     return super().fit()
             finally:
                 self.datasets = datasets

@@ -5,7 +5,10 @@ from __future__ import annotations
 import glob
 import json
 import os
+import signal
+import time
 
+import psutil
 import pytest
 import torch
 from _models import (
@@ -78,6 +81,16 @@ def read_jsonl(path):
         return [json.loads(line) for line in handle]
 
 
+def _controllers_started_since(start: float) -> list[int]:
+    """Pids of Ray Train controller processes started at or after ``start``."""
+    pids = []
+    for proc in psutil.process_iter(["cmdline", "create_time"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if "TrainController" in cmdline and proc.info["create_time"] >= start - 1:
+            pids.append(proc.pid)
+    return pids
+
+
 def _lines(path):
     return read_jsonl(path) if os.path.exists(path) else []
 
@@ -88,6 +101,7 @@ def test_train_returns_keys_exact_schedule_observer_collate_and_profiler(tmp_pat
     records.mkdir()
     events.mkdir()
     train, val = make_regression_datasets(64, 16)
+    sigint_before, started = signal.getsignal(signal.SIGINT), time.time()
     trainer = LightningTrainer(
         trainer_param=LightningTrainerParam(
             create_model_fn=create_probe_model,
@@ -134,6 +148,13 @@ def test_train_returns_keys_exact_schedule_observer_collate_and_profiler(tmp_pat
     # setting ended with the fit.
     assert {s["poll_interval"] for s in saved} == {"0.25"}
     assert POLL_ENV not in os.environ
+    # Ctrl-C after the fit reaches the script again (Ray Train's handler, which aborts the
+    # run's controller, is gone), and that handler no longer keeps the finished controller.
+    assert signal.getsignal(signal.SIGINT) is sigint_before
+    deadline = time.time() + 60
+    while _controllers_started_since(started) and time.time() < deadline:
+        time.sleep(0.5)
+    assert _controllers_started_since(started) == []
     final = [s for s in saved if s["epoch"] == 1]
     assert {s["path"] for s in final} == {result["checkpoint_path"]}
     assert all(os.path.isdir(s["path"]) for s in saved if s["epoch"] == 1)
