@@ -76,6 +76,7 @@ class KubeApi:
         self._core = client.CoreV1Api(self._client)
         self._custom = client.CustomObjectsApi(self._client)
         self._version = client.VersionApi(self._client)
+        self._authorization = client.AuthorizationV1Api(self._client)
 
     # -- custom objects ----------------------------------------------------------------------
     def create(self, manifest: dict[str, Any], *, dry_run: bool = False) -> dict[str, Any]:
@@ -164,6 +165,27 @@ class KubeApi:
             raise
         raw = (secret.data or {}).get(key)
         return None if raw is None else base64.b64decode(raw).decode()
+
+    # -- access ------------------------------------------------------------------------------
+    def allowed(self, verb: str, resource: str, namespace: str, *,
+                group: str = "") -> bool | None:
+        """Whether this client's user may ``verb`` the ``resource`` in ``namespace``.
+
+        Asked with a SelfSubjectAccessReview, which every signed-in user may make (Kubernetes'
+        own ``system:basic-user`` role), so a refusal can be told before anything is created.
+        None when the server would not answer the review: the caller then learns from the
+        request itself.
+        """
+        from kubernetes import client
+
+        review = client.V1SelfSubjectAccessReview(spec=client.V1SelfSubjectAccessReviewSpec(
+            resource_attributes=client.V1ResourceAttributes(
+                verb=verb, resource=resource, group=group, namespace=namespace)))
+        try:
+            answer = self._call(self._authorization.create_self_subject_access_review, review)
+        except KubeError:
+            return None
+        return bool(answer.status and answer.status.allowed)
 
     def port_forward(self, namespace: str, pod: Callable[[], str | None],
                      port: int) -> PortForward:

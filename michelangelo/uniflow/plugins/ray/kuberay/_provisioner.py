@@ -175,6 +175,10 @@ class KubeRayCluster(RayCluster):
         """
         deadline_s = self.settings.deadline()
         manifest = self.manifest()
+        if self.settings.auth == "token" and \
+                self.api.allowed("get", "secrets", self.namespace) is False:
+            raise UserError(self._token_refused(
+                "would be refused, Kubernetes says", made=False))
         if self.settings.fit_check and not fit_checked:
             check_fit(manifest, self.api.nodes(), self.api.all_pods())
         try:
@@ -317,11 +321,15 @@ class KubeRayCluster(RayCluster):
         except KubeError as exc:
             if exc.status != 403:
                 raise
-            raise UserError(
-                f"--auth token: reading Secret {self.namespace}/{self.name} (the RayCluster's "
-                f"Ray token, which KubeRay makes) was refused: {exc.reason}. Fix: have your user "
-                f"granted 'get' on secrets in namespace {self.namespace!r}, or leave --auth "
-                "out.") from None
+            raise UserError(self._token_refused(f"was refused: {exc.reason}",
+                                                made=True)) from None
+
+    def _token_refused(self, what: str, *, made: bool) -> str:
+        """Why ``--auth token`` cannot work for this user, and the fix."""
+        cluster = "the cluster is being deleted" if made else "no RayCluster was made"
+        return (f"--auth token: reading Secret {self.namespace}/{self.name} (the RayCluster's "
+                f"Ray token, which KubeRay makes) {what}; {cluster}. Fix: have your user granted "
+                f"'get' on secrets in namespace {self.namespace!r}, or leave --auth out.")
 
     def _current_head(self) -> str | None:
         """The head pod's name now (KubeRay replaces a head pod that dies)."""

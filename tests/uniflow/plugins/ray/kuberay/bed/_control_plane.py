@@ -44,6 +44,9 @@ FEATURE_GATES = {
 CONTROLLERS = ("garbage-collector-controller,endpointslice-controller,"
                "endpointslice-mirroring-controller,namespace-controller,"
                "resourcequota-controller")
+# The kubeconfig context of the plane's second user, "developer", whom RBAC allows nothing
+# beyond what every signed-in user may do until a test binds it a role.
+DEVELOPER_CONTEXT = "uf-test-developer"
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
@@ -87,6 +90,9 @@ class ControlPlane:
         self.operator_bin = operator_bin
         self.dir = Path(tempfile.mkdtemp(prefix="uf-k8s-"))
         self.token = os.urandom(16).hex()
+        # A second user, in no group but system:authenticated: RBAC grants it only what a
+        # test gives it (see DEVELOPER_CONTEXT).
+        self.developer_token = os.urandom(16).hex()
         self.port = _free_port()
         self.url = f"https://127.0.0.1:{self.port}"
         self.kubeconfig = self.dir / "kubeconfig"
@@ -166,7 +172,8 @@ class ControlPlane:
                        capture_output=True)
         subprocess.run(["openssl", "rsa", "-in", str(d / "sa.key"), "-pubout", "-out",
                         str(d / "sa.pub")], check=True, capture_output=True)
-        (d / "tokens.csv").write_text(f"{self.token},admin,admin-uid,system:masters\n")
+        (d / "tokens.csv").write_text(f"{self.token},admin,admin-uid,system:masters\n"
+                                      f"{self.developer_token},developer,developer-uid\n")
         self._spawn("kube-apiserver", [
             str(self.bin / "kube-apiserver"), f"--etcd-servers={self.etcd_url}",
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
@@ -191,8 +198,11 @@ class ControlPlane:
             "clusters": [{"name": "uf-test", "cluster": {
                 "server": self.url,
                 "certificate-authority": str(self.dir / "certs" / "apiserver.crt")}}],
-            "users": [{"name": "admin", "user": {"token": self.token}}],
-            "contexts": [{"name": "uf-test", "context": {"cluster": "uf-test", "user": "admin"}}],
+            "users": [{"name": "admin", "user": {"token": self.token}},
+                      {"name": "developer", "user": {"token": self.developer_token}}],
+            "contexts": [{"name": "uf-test", "context": {"cluster": "uf-test", "user": "admin"}},
+                         {"name": DEVELOPER_CONTEXT,
+                          "context": {"cluster": "uf-test", "user": "developer"}}],
         }))
 
     def _start_scheduler(self) -> None:

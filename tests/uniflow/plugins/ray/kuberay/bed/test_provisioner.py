@@ -289,3 +289,50 @@ def test_token_auth_end_to_end_without_the_token_ever_shown(api, kube_cluster, c
     assert token not in shown.out + shown.err and not any(token in m for m in messages)
     assert token not in repr(cluster) and token not in str(cluster.__dict__.get("settings"))
     assert kubelet.errors == []
+
+
+def test_a_user_who_may_not_read_secrets_learns_it_before_any_token_cluster_is_made(
+        api, kube_cluster):
+    """``auth="token"`` for a user RBAC lets make RayClusters but not read Secrets: the
+    provisioner asks the API server first (a SelfSubjectAccessReview), and fails with the
+    permission and the fix before the RayCluster exists; the same user without ``--auth``
+    would be let through to the dry run."""
+    from kubernetes import client
+
+    from michelangelo.uniflow.core.errors import UserError
+    from tests.uniflow.plugins.ray.kuberay.bed._control_plane import DEVELOPER_CONTEXT
+
+    plane, _ = kube_cluster
+    rbac = client.RbacAuthorizationV1Api(plane.api_client())
+    rule = client.V1PolicyRule
+    rbac.create_cluster_role(client.V1ClusterRole(
+        metadata=client.V1ObjectMeta(name="uf-developer"),
+        rules=[rule(api_groups=["ray.io"], resources=["rayclusters"],
+                    verbs=["get", "list", "watch", "create", "delete"]),
+               rule(api_groups=[""], resources=["pods", "events", "nodes"],
+                    verbs=["get", "list", "watch"])]))
+    rbac.create_cluster_role_binding(client.V1ClusterRoleBinding(
+        metadata=client.V1ObjectMeta(name="uf-developer"),
+        role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="ClusterRole",
+                                  name="uf-developer"),
+        subjects=[client.RbacV1Subject(kind="User", name="developer",
+                                       api_group="rbac.authorization.k8s.io")]))
+    try:
+        developer = KubeApi(KubeTarget(kubeconfig=str(plane.kubeconfig),
+                                       context=DEVELOPER_CONTEXT))
+        assert developer.allowed("create", "rayclusters", "default", group="ray.io") is True
+        assert developer.allowed("get", "secrets", "default") is False
+        cluster, messages = _cluster(developer, SMALL, deadline_s=120, auth="token")
+        try:
+            with pytest.raises(UserError) as info:
+                cluster.start()
+        finally:
+            cluster.shutdown()
+        assert not cluster.created and "created" not in cluster.timeline
+        assert api.get("RayCluster", cluster.name, "default") is None
+        message = str(info.value)
+        assert f"Secret default/{cluster.name}" in message and "no RayCluster was made" in message
+        assert "granted 'get' on secrets in namespace 'default'" in message, message
+    finally:
+        rbac.delete_cluster_role_binding("uf-developer")
+        rbac.delete_cluster_role("uf-developer")
