@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from michelangelo.settings import check_environment
 from michelangelo.uniflow.core._console import Reporter, default_reporter
 from michelangelo.uniflow.core._logs import verbose
 from michelangelo.uniflow.core._plugin import any_plugin_runs_elsewhere
@@ -83,6 +84,10 @@ class Context:
         for option in _OPTIONS.values():
             if option.check is not None:
                 option.check(mode, options.get(option.name), options)
+        try:  # the SDK's MA_* settings, read by tasks later: a bad one fails here, up front
+            check_environment()
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
         self.mode = mode
         self.options = options
         self.resume = resume

@@ -13,18 +13,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from michelangelo.settings import byte_count
+from michelangelo.settings import DRIVER_READ_MAX_BYTES, DRIVER_READ_MAX_BYTES_DEFAULT
 from michelangelo.workflow.variables._footer_readers import with_footer_readers
 
-ENV_MAX_BYTES = "MA_DATASET_DRIVER_READ_MAX_BYTES"
-DEFAULT_MAX_BYTES = 32 * 2**20
+ENV_MAX_BYTES = DRIVER_READ_MAX_BYTES.name
+DEFAULT_MAX_BYTES = DRIVER_READ_MAX_BYTES_DEFAULT
 
 
 def driver_read_max_bytes() -> int:
     """The largest stored dataset (bytes of Parquet) read in memory by the calling process."""
-    value = byte_count(ENV_MAX_BYTES, fix=(
-        f"set it to a whole number of bytes (0 reads every stored dataset through Ray Data), "
-        f"or unset it for {DEFAULT_MAX_BYTES}."))
+    value = DRIVER_READ_MAX_BYTES.read()
     return DEFAULT_MAX_BYTES if value is None else value
 
 

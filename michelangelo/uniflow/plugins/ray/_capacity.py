@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from michelangelo.errors import InputError
-from michelangelo.uniflow.plugins.ray._quantity import format_bytes
+from michelangelo.quantity import format_bytes
 
 if TYPE_CHECKING:
     from michelangelo.uniflow.plugins.ray._config import RayTask

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from michelangelo.uniflow.plugins.ray._quantity import parse_bytes, parse_quantity
+from michelangelo.quantity import parse_bytes, parse_quantity
 
 _UNSET = None
 
@@ -59,7 +59,7 @@ class RayTask:
             for name in ("memory", "disk", "object_store_memory"):
                 key = f"{role}_{name}"
                 raw = getattr(self, key)
-                parsed[key] = None if raw is _UNSET else parse_bytes(raw, field=key)
+                parsed[key] = None if raw is _UNSET else parse_bytes(raw, field=f"RayTask.{key}")
             osm = parsed[f"{role}_object_store_memory"]
             if osm is not None and osm < 75 * 2**20:
                 raise ValueError(
@@ -111,12 +111,12 @@ class RayTask:
 
 
 def _cpus(value: Any, field: str) -> float:
-    amount = parse_quantity(value, field=field)
+    amount = parse_quantity(value, field=f"RayTask.{field}")
     return float(amount)
 
 
 def _count(value: Any, field: str) -> int:
-    amount = parse_quantity(value, field=field)
+    amount = parse_quantity(value, field=f"RayTask.{field}")
     if amount != amount.to_integral_value():
         raise ValueError(
             f"RayTask.{field}={value!r} must be a whole number of GPUs, e.g. {field}=1."

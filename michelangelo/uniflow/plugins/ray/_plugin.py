@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+from michelangelo.quantity import format_bytes
 from michelangelo.uniflow.core.plugin import (
     RemoteCall,
     Run,
@@ -29,7 +30,6 @@ from michelangelo.uniflow.plugins.ray._config import RayTask
 from michelangelo.uniflow.plugins.ray._holding import record_holding
 from michelangelo.uniflow.plugins.ray._ledger import Ledger
 from michelangelo.uniflow.plugins.ray._provisioners import make_cluster
-from michelangelo.uniflow.plugins.ray._quantity import format_bytes
 
 _KEY = "ray.cluster"
 _USERS = "ray.cluster.users"  # attempts running on the cluster now

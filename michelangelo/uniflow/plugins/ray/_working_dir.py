@@ -14,8 +14,8 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 
+from michelangelo.quantity import format_bytes
 from michelangelo.uniflow.core.errors import UserError
-from michelangelo.uniflow.plugins.ray._quantity import format_bytes
 
 ENV_MAX_MB = "UF_RAY_WORKING_DIR_MAX_MB"
 ENV_ROOT = "UF_RAY_WORKING_DIR"

@@ -17,6 +17,7 @@ Typical use::
     register_provisioner("mine", lambda task, log_dir: MyCluster(task, log_dir))
 """
 
+from michelangelo.quantity import format_bytes, parse_quantity
 from michelangelo.uniflow.plugins.ray._cluster import ClusterState, RayCluster
 from michelangelo.uniflow.plugins.ray._config import RayTask
 from michelangelo.uniflow.plugins.ray._node_resources import NodeResources, node_resources
@@ -26,7 +27,6 @@ from michelangelo.uniflow.plugins.ray._provisioners import (
     register_provisioner,
     register_run_provisioner,
 )
-from michelangelo.uniflow.plugins.ray._quantity import format_bytes, parse_quantity
 
 __all__ = [
     "ENTRY_POINT_GROUP",

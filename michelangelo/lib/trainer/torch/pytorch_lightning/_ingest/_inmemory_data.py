@@ -22,7 +22,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from michelangelo.settings import byte_count
+from michelangelo.settings import (
+    TRAINER_INMEMORY,
+    TRAINER_INMEMORY_MAX_BYTES,
+    TRAINER_INMEMORY_MEMORY_FRACTION,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -38,12 +42,9 @@ __all__ = [
     "split_for_workers",
 ]
 
-ENV_SWITCH = "MA_TRAINER_INMEMORY"
-ENV_MAX_BYTES = "MA_TRAINER_INMEMORY_MAX_BYTES"
-# A shard may use this share of a worker's memory: one copy of the shard, one permuted copy
-# per epoch, and room left for the model, optimizer and activations.
-MEMORY_FRACTION = 0.25
-_SWITCH_VALUES = ("auto", "1", "0")
+ENV_SWITCH = TRAINER_INMEMORY.name
+ENV_MAX_BYTES = TRAINER_INMEMORY_MAX_BYTES.name
+MEMORY_FRACTION = TRAINER_INMEMORY_MEMORY_FRACTION
 
 
 @dataclass(frozen=True)
@@ -59,22 +60,12 @@ class IngestPlan:
 
 def read_switch() -> str:
     """``MA_TRAINER_INMEMORY``: ``auto`` (default), ``1`` (always) or ``0`` (never)."""
-    value = os.environ.get(ENV_SWITCH, "auto").strip().lower() or "auto"
-    aliases = {"true": "1", "on": "1", "yes": "1", "false": "0", "off": "0", "no": "0"}
-    value = aliases.get(value, value)
-    if value not in _SWITCH_VALUES:
-        raise ValueError(
-            f"{ENV_SWITCH}={os.environ[ENV_SWITCH]!r} is not a valid setting. Fix: set it to "
-            "'auto' (in memory when the shard fits), '1' (always) or '0' (always stream)."
-        )
-    return value
+    return TRAINER_INMEMORY.read()
 
 
 def read_max_bytes() -> int | None:
     """``MA_TRAINER_INMEMORY_MAX_BYTES``: largest shard (train + val) kept in memory."""
-    return byte_count(ENV_MAX_BYTES, fix=(
-        f"set it to an integer >= 0, e.g. {ENV_MAX_BYTES}=2000000000 for 2 GB per worker, or "
-        f"unset it to use {MEMORY_FRACTION:.0%} of a worker's memory."))
+    return TRAINER_INMEMORY_MAX_BYTES.read()
 
 
 def known_size_bytes(dataset: Any) -> int | None:

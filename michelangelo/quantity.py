@@ -1,4 +1,9 @@
-"""Kubernetes resource quantities ("8Gi", "512Mi", "2G", "500m", plain numbers)."""
+"""Kubernetes resource quantities ("8Gi", "512Mi", "2G", "500m", plain numbers).
+
+One parser for every amount a user writes: a RayTask's CPUs, memory and disk, the node
+allocatables the KubeRay fit check reads, and the byte-count settings of
+:mod:`michelangelo.settings`.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ from decimal import Decimal, InvalidOperation
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
 _MILLI = {"m": Decimal("0.001")}
+__all__ = ["format_bytes", "parse_bytes", "parse_quantity"]
+
 _PATTERN = re.compile(r"^\s*([+]?[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 
 
@@ -16,7 +23,7 @@ def parse_quantity(value: object, *, field: str) -> Decimal:
 
     Args:
         value: ``"8Gi"``, ``"512Mi"``, ``"2G"``, ``"500m"``, an int or a float.
-        field: Name of the field being parsed, quoted in errors.
+        field: What is being parsed, quoted in errors as written (``"RayTask.head_memory"``).
 
     Raises:
         ValueError: If the value is not a non-negative quantity.
@@ -63,6 +70,6 @@ def format_bytes(num: float) -> str:
 
 def _message(field: str, value: object) -> str:
     return (
-        f"RayTask.{field}={value!r} is not a valid quantity. Use a non-negative number or a "
+        f"{field}={value!r} is not a valid quantity. Use a non-negative number or a "
         "Kubernetes quantity such as '8Gi', '512Mi', '2G' or '500m'."
     )
