@@ -33,6 +33,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,6 @@ from typing import Any
 from kubernetes import client
 
 # A pod's processes are ended the way the local provisioner does it.
-from michelangelo.uniflow.plugins.ray._local import _kill_sessions
 from michelangelo.uniflow.plugins.ray._ports import free_port
 from tests.uniflow.plugins.ray.kuberay.bed._kubelet_streaming_double import KubeletStreamingDouble
 from tests.uniflow.plugins.ray.kuberay.bed._pod_network_double import (
@@ -381,7 +381,7 @@ class KubeletDouble:
         assert proc is not None
         now = time.monotonic()
         if not record.restart_at:
-            _kill_sessions({proc.pid})
+            _end_processes(lambda p: os.getsid(p.pid) == proc.pid)
             record.restarts += 1
             record.restart_at = now + min(5.0 * 2 ** (record.restarts - 1), 60.0)
             record.ready = False
@@ -502,11 +502,12 @@ class KubeletDouble:
                 os.killpg(record.proc.pid, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 record.proc.wait(timeout=10)
-        if record.proc is not None:
-            _kill_sessions({record.proc.pid})
-        # What left the pod's sessions (a Ray job's driver runs in a session of its own) still
-        # carries the pod's environment: a container's end takes it too, as its cgroup would.
-        _kill_pids([pid for pid, ip in _pod_processes(self._subnet) if ip == record.ip])
+        # What is left of the container's session, and what left it (a Ray job's driver runs in
+        # a session of its own) but still carries the pod's environment: a container's end
+        # takes both, as its cgroup would.
+        session = record.proc.pid if record.proc is not None else None
+        _end_processes(lambda p: os.getsid(p.pid) == session
+                       or p.environ().get("UF_POD_IP") == record.ip)
         shutil.rmtree(record.temp_dir, ignore_errors=True)
         remove_pod_address(record.ip)
 
@@ -525,16 +526,21 @@ def _pod_processes(subnet: str) -> list[tuple[int, str]]:
     return found
 
 
-def _kill_pids(pids: list[int]) -> None:
+def _end_processes(match: Callable[[Any], bool]) -> None:
+    """Kill every process (but this one) that ``match`` selects, and wait for them to end;
+    sweeps again, at most three times, for children that appeared meanwhile."""
     import psutil
 
-    procs = []
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            proc = psutil.Process(pid)
-            proc.kill()
-            procs.append(proc)
-    psutil.wait_procs(procs, timeout=5)
+    for _ in range(3):
+        left = []
+        for proc in psutil.process_iter():
+            with contextlib.suppress(psutil.Error, OSError):
+                if proc.pid != os.getpid() and match(proc):
+                    proc.kill()
+                    left.append(proc)
+        if not left:
+            return
+        psutil.wait_procs(left, timeout=5)
 
 
 def _expand(value: str, env: dict[str, str]) -> str:

@@ -6,16 +6,16 @@ addresses come from 198.18.0.0/15, the block set aside for network benchmarks (R
 which no real network routes: Kubernetes refuses loopback addresses in EndpointSlices, and
 the real EndpointSlice controller (which KubeRay's RayService readiness counts on) would
 otherwise publish no endpoint for any pod. What a real pod network gives for free (its own
-copy of every port,
-``<service>.<namespace>.svc.cluster.local`` names) is emulated at two boundaries. The first is
-the ``ray`` command the pod's shell runs: the kubelet double puts a small ``ray`` wrapper first
-on each pod's PATH; it rewrites the network arguments of ``ray start`` and ``ray health-check``
-(well-known ports to the pod's private ones, Service names to the endpoint pod's address) and
-then runs the real ``ray``. Everything else in the operator's command (``ulimit``, the
-``wait-gcs-ready`` loop, environment expansion) runs unchanged in bash. The second is a
-``sitecustomize`` on the pod's PYTHONPATH: a Serve proxy binding ``0.0.0.0:8000`` (as the
-RayService's Serve config asks, on every pod) binds the pod's own address instead, so each
-pod has its own port 8000 as it would in its own network namespace.
+copy of every port, ``<service>.<namespace>.svc.cluster.local`` names) is emulated at two
+boundaries. The first is the ``ray`` command the pod's shell runs: the kubelet double puts a
+small ``ray`` wrapper first on each pod's PATH; it rewrites the network arguments of
+``ray start`` and ``ray health-check`` (well-known ports to the pod's private ones, Service
+names to the endpoint pod's address) and then runs the real ``ray``. Everything else in the
+operator's command (``ulimit``, the ``wait-gcs-ready`` loop, environment expansion) runs
+unchanged in bash. The second is a ``sitecustomize`` on the pod's PYTHONPATH: a Serve proxy
+binding ``0.0.0.0:8000`` (as the RayService's Serve config asks, on every pod) binds the
+pod's own address instead, so each pod has its own port 8000 as it would in its own network
+namespace.
 
 The mapping lives in a JSON file the kubelet double rewrites as pods come and go:
 ``{"hosts": {name: {"ip": ..., "ports": {"6379": 41234, ...}}}}``, keyed by pod IP and by

@@ -186,25 +186,21 @@ def test_pending_reasons_are_reported_and_the_deadline_names_the_phase(api):
     assert _wait_gone(api, cluster.name)
 
 
-def test_an_image_that_cannot_be_pulled_fails_at_once(api):
-    cluster, _ = _cluster(api, SMALL, image="registry.invalid/ray:missing", deadline_s=120)
+@pytest.mark.parametrize("setting, reason, detail", [
+    ({"image": "registry.invalid/ray:missing"}, "ImagePullBackOff", "cannot start"),
+    ({"storage_secret": "no-such-secret"}, "CreateContainerConfigError",
+     'secret "no-such-secret" not found'),
+], ids=["image-not-pulled", "storage-secret-missing"])
+def test_a_pod_the_kubelet_cannot_start_fails_at_once_with_its_reason(api, setting, reason,
+                                                                      detail):
+    """Fails on the kubelet's reason as soon as it shows, not at the deadline."""
+    cluster, _ = _cluster(api, SMALL, deadline_s=120, **setting)
     try:
-        with pytest.raises(ClusterError, match="ImagePullBackOff") as info:
+        with pytest.raises(ClusterError, match=reason) as info:
             cluster.start()
     finally:
         cluster.shutdown()
-    assert "cannot start" in str(info.value)  # failed at once, not at the deadline
-    assert _wait_gone(api, cluster.name)
-
-
-def test_a_missing_storage_secret_fails_at_once_with_the_kubelets_reason(api):
-    cluster, _ = _cluster(api, SMALL, storage_secret="no-such-secret", deadline_s=120)
-    try:
-        with pytest.raises(ClusterError, match="CreateContainerConfigError") as info:
-            cluster.start()
-    finally:
-        cluster.shutdown()
-    assert 'secret "no-such-secret" not found' in str(info.value)
+    assert detail in str(info.value) and "was not ready within" not in str(info.value)
     assert _wait_gone(api, cluster.name)
 
 
