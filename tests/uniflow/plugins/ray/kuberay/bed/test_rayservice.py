@@ -77,3 +77,44 @@ def test_a_serve_config_update_is_waited_for_and_a_failed_app_is_reported(api, k
         assert time.monotonic() < deadline, "the RayService or its pods were not removed"
         time.sleep(0.5)
     assert kubelet.errors == []
+
+
+def test_a_token_rayservice_gets_its_serve_config_through_and_serves_without_the_token(
+        api, kube_cluster):
+    """``auth="token"`` on a RayService: the serving cluster's dashboard wants the token, the
+    real operator sends it with the Serve config it submits (so the application runs), the
+    dashboard refuses a request without it, and Serve's own HTTP endpoint, which is not
+    behind Ray's token, answers clients as it would without authentication."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    _, kubelet = kube_cluster
+    name = "token-serve"
+    manifest = ray_service_manifest({"applications": [serve_config_entry()]}, HEAD_ONLY,
+                                    name=name, auth="token")
+    assert manifest["spec"]["rayClusterConfig"]["authOptions"] == {"mode": "token"}
+    try:
+        applied = apply_ray_service(api, manifest)
+        served = wait_for_service(api, name, "default", deadline_s=300, on_progress=print,
+                                  applied=applied)
+        assert _apps(served) == {"_oip": "RUNNING"}
+        cluster = served["status"]["activeServiceStatus"]["rayClusterName"]
+        assert api.secret_value(cluster, "default", "auth_token")  # the operator's token
+        (head,) = api.pods("default", f"ray.io/cluster={cluster},ray.io/node-type=head")
+        ip = head["status"]["podIP"]
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://{ip}:8265/api/serve/applications/", timeout=10)
+        assert refused.value.code in (401, 403)
+        with urllib.request.urlopen(f"http://{ip}:8000/v2/health/ready", timeout=30) as answer:
+            assert answer.status == 200
+        with urllib.request.urlopen(f"http://{ip}:8000/v2", timeout=30) as answer:
+            assert "name" in json.loads(answer.read())
+    finally:
+        api.delete("RayService", name, "default")
+    deadline = time.monotonic() + 120
+    while api.get("RayService", name, "default") is not None or \
+            api.pods("default", "ray.io/is-ray-node=yes"):
+        assert time.monotonic() < deadline, "the RayService or its pods were not removed"
+        time.sleep(0.5)
+    assert kubelet.errors == []
