@@ -34,6 +34,15 @@ def _apps(obj):
             .get("applicationStatuses", {}).items()}
 
 
+def _wait_removed(api, name):
+    """Until the RayService and every Ray pod are gone (the real garbage collector's work)."""
+    deadline = time.monotonic() + 120
+    while api.get("RayService", name, "default") is not None or \
+            api.pods("default", "ray.io/is-ray-node=yes"):
+        assert time.monotonic() < deadline, "the RayService or its pods were not removed"
+        time.sleep(0.5)
+
+
 def test_a_serve_config_update_is_waited_for_and_a_failed_app_is_reported(api, kube_cluster):
     _, kubelet = kube_cluster
     name = "rollout-check"
@@ -71,11 +80,7 @@ def test_a_serve_config_update_is_waited_for_and_a_failed_app_is_reported(api, k
         assert "no_such_module_here" in message, message
     finally:
         api.delete("RayService", name, "default")
-    deadline = time.monotonic() + 120
-    while api.get("RayService", name, "default") is not None or \
-            api.pods("default", "ray.io/is-ray-node=yes"):
-        assert time.monotonic() < deadline, "the RayService or its pods were not removed"
-        time.sleep(0.5)
+    _wait_removed(api, name)
     assert kubelet.errors == []
 
 
@@ -112,9 +117,5 @@ def test_a_token_rayservice_gets_its_serve_config_through_and_serves_without_the
             assert "name" in json.loads(answer.read())
     finally:
         api.delete("RayService", name, "default")
-    deadline = time.monotonic() + 120
-    while api.get("RayService", name, "default") is not None or \
-            api.pods("default", "ray.io/is-ray-node=yes"):
-        assert time.monotonic() < deadline, "the RayService or its pods were not removed"
-        time.sleep(0.5)
+    _wait_removed(api, name)
     assert kubelet.errors == []
