@@ -40,7 +40,6 @@ from typing import Any
 
 from kubernetes import client
 
-# A pod's processes are ended the way the local provisioner does it.
 from michelangelo.uniflow.plugins.ray._ports import free_port
 from tests.uniflow.plugins.ray.kuberay.bed._kubelet_streaming_double import KubeletStreamingDouble
 from tests.uniflow.plugins.ray.kuberay.bed._pod_network_double import (

@@ -291,8 +291,8 @@ def test_a_user_who_may_not_read_secrets_learns_it_before_any_token_cluster_is_m
         api, kube_cluster):
     """``auth="token"`` for a user RBAC lets make RayClusters but not read Secrets: the
     provisioner asks the API server first (a SelfSubjectAccessReview), and fails with the
-    permission and the fix before the RayCluster exists; the same user without ``--auth``
-    would be let through to the dry run."""
+    permission and the fix before the RayCluster exists (the same review says this user may
+    create RayClusters, so nothing else would have stopped it)."""
     from kubernetes import client
 
     from michelangelo.uniflow.core.errors import UserError
