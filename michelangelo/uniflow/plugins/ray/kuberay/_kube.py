@@ -168,8 +168,9 @@ class KubeApi:
 
     # -- access ------------------------------------------------------------------------------
     def allowed(self, verb: str, resource: str, namespace: str, *,
-                group: str = "") -> bool | None:
-        """Whether this client's user may ``verb`` the ``resource`` in ``namespace``.
+                group: str = "", subresource: str = "") -> bool | None:
+        """Whether this client's user may ``verb`` the ``resource`` (or its ``subresource``,
+        e.g. ``pods``' ``portforward``) in ``namespace``.
 
         Asked with a SelfSubjectAccessReview, which every signed-in user may make (Kubernetes'
         own ``system:basic-user`` role), so a refusal can be told before anything is created.
@@ -180,7 +181,8 @@ class KubeApi:
 
         review = client.V1SelfSubjectAccessReview(spec=client.V1SelfSubjectAccessReviewSpec(
             resource_attributes=client.V1ResourceAttributes(
-                verb=verb, resource=resource, group=group, namespace=namespace)))
+                verb=verb, resource=resource, group=group, namespace=namespace,
+                subresource=subresource or None)))
         try:
             answer = self._call(self._authorization.create_self_subject_access_review, review)
         except KubeError:

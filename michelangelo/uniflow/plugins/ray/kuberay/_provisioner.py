@@ -175,10 +175,7 @@ class KubeRayCluster(RayCluster):
         """
         deadline_s = self.settings.deadline()
         manifest = self.manifest()
-        if self.settings.auth == "token" and \
-                self.api.allowed("get", "secrets", self.namespace) is False:
-            raise UserError(self._token_refused(
-                "would be refused, Kubernetes says", made=False))
+        self._check_permissions()
         if self.settings.fit_check and not fit_checked:
             check_fit(manifest, self.api.nodes(), self.api.all_pods())
         try:
@@ -259,11 +256,8 @@ class KubeRayCluster(RayCluster):
                 head = self._head_url(pods)
                 phase = "waiting for the head's dashboard to answer"
                 if self._forward is not None and self._forward.refused:
-                    raise UserError(
-                        f"the Kubernetes API refused to port-forward to RayCluster "
-                        f"{self.name!r}'s head: {self._forward.refused}. Fix: have your user "
-                        f"granted 'create' on pods/portforward in namespace {self.namespace!r}, "
-                        "or pass --head-access pod where pod addresses are reachable.")
+                    raise UserError(self._forward_refused(
+                        f"was refused: {self._forward.refused}", made=True))
                 if self._forward is not None and self._forward.last_error:
                     phase += f" ({self._forward.last_error})"
                 if head and self.settings.auth == "token" and self._token is None:
@@ -323,6 +317,32 @@ class KubeRayCluster(RayCluster):
                 raise
             raise UserError(self._token_refused(f"was refused: {exc.reason}",
                                                 made=True)) from None
+
+    def _check_permissions(self) -> None:
+        """Refusals the API server can tell before the RayCluster exists (a review each).
+
+        ``--auth token`` reads the cluster's token Secret, and ``--head-access port-forward``
+        opens ``pods/portforward``: a user without those learns it here, not once the head is
+        up. ``auto`` access decides on a forward only when the head's address is known, so
+        that case is still learned then. A review the server will not answer checks nothing.
+        """
+        if self.settings.auth == "token" and \
+                self.api.allowed("get", "secrets", self.namespace) is False:
+            raise UserError(self._token_refused(
+                "would be refused, Kubernetes says", made=False))
+        if self._access == "port-forward" and not self.settings.head_address and \
+                self.api.allowed("create", "pods", self.namespace,
+                                 subresource="portforward") is False:
+            raise UserError(self._forward_refused(
+                "would be refused, Kubernetes says", made=False))
+
+    def _forward_refused(self, what: str, *, made: bool) -> str:
+        """Why the head cannot be reached through a port-forward for this user, and the fix."""
+        cluster = "the cluster is being deleted" if made else "no RayCluster was made"
+        return (f"--head-access port-forward: a port-forward to RayCluster {self.name!r}'s head "
+                f"{what}; {cluster}. Fix: have your user granted 'create' on pods/portforward "
+                f"in namespace {self.namespace!r}, or pass --head-access pod where pod "
+                "addresses are reachable.")
 
     def _token_refused(self, what: str, *, made: bool) -> str:
         """Why ``--auth token`` cannot work for this user, and the fix."""

@@ -287,12 +287,13 @@ def test_token_auth_end_to_end_without_the_token_ever_shown(api, kube_cluster, c
     assert kubelet.errors == []
 
 
-def test_a_user_who_may_not_read_secrets_learns_it_before_any_token_cluster_is_made(
+def test_a_user_without_a_needed_permission_learns_it_before_any_cluster_is_made(
         api, kube_cluster):
-    """``auth="token"`` for a user RBAC lets make RayClusters but not read Secrets: the
-    provisioner asks the API server first (a SelfSubjectAccessReview), and fails with the
-    permission and the fix before the RayCluster exists (the same review says this user may
-    create RayClusters, so nothing else would have stopped it)."""
+    """A user RBAC lets make RayClusters but neither read Secrets nor open port-forwards:
+    ``auth="token"`` and ``head_access="port-forward"`` each make the provisioner ask the API
+    server first (a SelfSubjectAccessReview), and fail with the permission and the fix before
+    the RayCluster exists (the same review says this user may create RayClusters, so nothing
+    else would have stopped it)."""
     from kubernetes import client
 
     from michelangelo.uniflow.core.errors import UserError
@@ -318,17 +319,24 @@ def test_a_user_who_may_not_read_secrets_learns_it_before_any_token_cluster_is_m
                                        context=DEVELOPER_CONTEXT))
         assert developer.allowed("create", "rayclusters", "default", group="ray.io") is True
         assert developer.allowed("get", "secrets", "default") is False
-        cluster, messages = _cluster(developer, SMALL, deadline_s=120, auth="token")
-        try:
-            with pytest.raises(UserError) as info:
-                cluster.start()
-        finally:
-            cluster.shutdown()
-        assert not cluster.created and "created" not in cluster.timeline
-        assert api.get("RayCluster", cluster.name, "default") is None
-        message = str(info.value)
-        assert f"Secret default/{cluster.name}" in message and "no RayCluster was made" in message
-        assert "granted 'get' on secrets in namespace 'default'" in message, message
+        assert developer.allowed("create", "pods", "default", subresource="portforward") is False
+        assert developer.allowed("get", "pods", "default") is True
+        for setting, names, fix in [
+                ({"auth": "token"}, "Secret default/{name}",
+                 "granted 'get' on secrets in namespace 'default'"),
+                ({"head_access": "port-forward"}, "port-forward to RayCluster '{name}'",
+                 "granted 'create' on pods/portforward in namespace 'default'")]:
+            cluster, messages = _cluster(developer, SMALL, deadline_s=120, **setting)
+            try:
+                with pytest.raises(UserError) as info:
+                    cluster.start()
+            finally:
+                cluster.shutdown()
+            assert not cluster.created and "created" not in cluster.timeline
+            assert api.get("RayCluster", cluster.name, "default") is None
+            message = str(info.value)
+            assert names.format(name=cluster.name) in message, message
+            assert "no RayCluster was made" in message and fix in message, message
     finally:
         rbac.delete_cluster_role_binding("uf-developer")
         rbac.delete_cluster_role("uf-developer")
