@@ -23,38 +23,37 @@ __all__ = [
     "TRAINER_INMEMORY_MEMORY_FRACTION",
     "ByteSetting",
     "ChoiceSetting",
-    "byte_count",
     "check_environment",
 ]
 
 
-def byte_count(name: str, *, fix: str) -> int | None:
-    """The number of bytes in the environment variable ``name``; None when unset or blank.
-
-    Accepts a whole number, a float such as ``2e9``, or a Kubernetes quantity such as
-    ``2Gi`` or ``500M`` (the way a RayTask's memory is written).
-
-    Raises:
-        ValueError: The value is not a byte count of at least 0; the message ends with ``fix``.
-    """
-    raw = os.environ.get(name)
-    if raw is None or not raw.strip():
-        return None
-    try:
-        return parse_bytes(raw, field=name)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a byte count. Fix: {fix}") from None
-
-
 @dataclass(frozen=True)
 class ByteSetting:
-    """A byte count read from ``name``; ``None`` from :meth:`read` means unset."""
+    """A byte count read from ``name``; :meth:`read` gives ``default`` when it is unset.
+
+    A value is a whole number, a float such as ``2e9``, or a Kubernetes quantity such as
+    ``2Gi`` or ``500M`` (the way a RayTask's memory is written).
+    """
 
     name: str
     fix: str
+    default: int | None = None
 
     def read(self) -> int | None:
-        return byte_count(self.name, fix=self.fix)
+        """The byte count set, or ``default`` when the variable is unset or blank.
+
+        Raises:
+            ValueError: The value is not a byte count of at least 0; the message names the
+                variable and the value, and ends with the fix.
+        """
+        raw = os.environ.get(self.name)
+        if raw is None or not raw.strip():
+            return self.default
+        try:
+            return parse_bytes(raw, field=self.name)
+        except ValueError:
+            raise ValueError(
+                f"{self.name}={raw!r} is not a byte count. Fix: {self.fix}") from None
 
 
 @dataclass(frozen=True)
@@ -82,6 +81,7 @@ DRIVER_READ_MAX_BYTES = ByteSetting(
     "MA_DATASET_DRIVER_READ_MAX_BYTES",
     fix=("set it to a byte count such as 64Mi or 67108864 (0 reads every stored dataset "
          f"through Ray Data), or unset it for {DRIVER_READ_MAX_BYTES_DEFAULT} (32Mi)."),
+    default=DRIVER_READ_MAX_BYTES_DEFAULT,
 )
 """The largest stored dataset (bytes of Parquet) a task reads in its own process."""
 

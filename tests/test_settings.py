@@ -10,7 +10,7 @@ from michelangelo.settings import (
     DRIVER_READ_MAX_BYTES,
     TRAINER_INMEMORY,
     TRAINER_INMEMORY_MAX_BYTES,
-    byte_count,
+    ByteSetting,
     check_environment,
 )
 from michelangelo.uniflow.core.errors import UserError
@@ -26,19 +26,25 @@ NAME = "MA_TEST_SETTING_BYTES"
 def test_byte_counts_take_numbers_and_the_quantities_a_ray_task_takes(monkeypatch, raw,
                                                                      expected):
     monkeypatch.setenv(NAME, raw)
-    assert byte_count(NAME, fix="unset it.") == expected
+    assert ByteSetting(NAME, fix="unset it.").read() == expected
 
 
-def test_an_unset_byte_count_is_none(monkeypatch):
+def test_an_unset_byte_count_is_its_default(monkeypatch):
     monkeypatch.delenv(NAME, raising=False)
-    assert byte_count(NAME, fix="unset it.") is None
+    assert ByteSetting(NAME, fix="unset it.").read() is None
+    assert ByteSetting(NAME, fix="unset it.", default=7).read() == 7
+    monkeypatch.setenv(NAME, " ")
+    assert ByteSetting(NAME, fix="unset it.", default=7).read() == 7
+    monkeypatch.setenv(NAME, "0")
+    assert ByteSetting(NAME, fix="unset it.", default=7).read() == 0
+    assert DRIVER_READ_MAX_BYTES.default == 32 * 2**20
 
 
 @pytest.mark.parametrize("raw", ["-1", "two gigs", "8GB", "2 Gi B", "1e"])
 def test_a_bad_byte_count_names_the_variable_the_value_and_the_fix(monkeypatch, raw):
     monkeypatch.setenv(NAME, raw)
     with pytest.raises(ValueError) as info:
-        byte_count(NAME, fix="set it to 2Gi.")
+        ByteSetting(NAME, fix="set it to 2Gi.").read()
     assert str(info.value) == f"{NAME}={raw!r} is not a byte count. Fix: set it to 2Gi."
 
 

@@ -13,17 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from michelangelo.settings import DRIVER_READ_MAX_BYTES, DRIVER_READ_MAX_BYTES_DEFAULT
+from michelangelo.settings import DRIVER_READ_MAX_BYTES
 from michelangelo.workflow.variables._footer_readers import with_footer_readers
-
-ENV_MAX_BYTES = DRIVER_READ_MAX_BYTES.name
-DEFAULT_MAX_BYTES = DRIVER_READ_MAX_BYTES_DEFAULT
-
-
-def driver_read_max_bytes() -> int:
-    """The largest stored dataset (bytes of Parquet) read in memory by the calling process."""
-    value = DRIVER_READ_MAX_BYTES.read()
-    return DEFAULT_MAX_BYTES if value is None else value
 
 
 def read_table(fs: Any, files: list[str]) -> Any:
@@ -44,7 +35,7 @@ def read_ray_dataset(path: str, fs: Any, sizes: dict[str, int]) -> Any:
     """
     import ray.data
 
-    limit = driver_read_max_bytes()
+    limit = DRIVER_READ_MAX_BYTES.read()
     if limit and sum(sizes.values()) <= limit:
         return ray.data.from_arrow(read_table(fs, list(sizes)))
     return with_footer_readers(len(sizes), lambda: ray.data.read_parquet(path))

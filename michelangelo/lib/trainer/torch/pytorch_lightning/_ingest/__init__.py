@@ -11,8 +11,6 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._ingest._data import (
     rows_per_worker,
 )
 from michelangelo.lib.trainer.torch.pytorch_lightning._ingest._inmemory_data import (
-    ENV_MAX_BYTES,
-    ENV_SWITCH,
     IngestPlan,
     InMemoryBatches,
     drain_blocks,
@@ -23,8 +21,6 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._ingest._inmemory_data imp
 )
 
 __all__ = [
-    "ENV_MAX_BYTES",
-    "ENV_SWITCH",
     "PREFETCH_BATCHES",
     "InMemoryBatches",
     "IngestPlan",

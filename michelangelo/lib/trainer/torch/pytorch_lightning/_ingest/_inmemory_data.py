@@ -31,8 +31,6 @@ from michelangelo.settings import (
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "ENV_MAX_BYTES",
-    "ENV_SWITCH",
     "InMemoryBatches",
     "IngestPlan",
     "drain_blocks",
@@ -41,10 +39,6 @@ __all__ = [
     "shuffle_seed",
     "split_for_workers",
 ]
-
-ENV_SWITCH = TRAINER_INMEMORY.name
-ENV_MAX_BYTES = TRAINER_INMEMORY_MAX_BYTES.name
-MEMORY_FRACTION = TRAINER_INMEMORY_MEMORY_FRACTION
 
 
 @dataclass(frozen=True)
@@ -56,16 +50,6 @@ class IngestPlan:
     # Row counts the decision already paid for (so the driver does not count twice).
     train_rows: int | None = None
     val_rows: int | None = None
-
-
-def read_switch() -> str:
-    """``MA_TRAINER_INMEMORY``: ``auto`` (default), ``1`` (always) or ``0`` (never)."""
-    return TRAINER_INMEMORY.read()
-
-
-def read_max_bytes() -> int | None:
-    """``MA_TRAINER_INMEMORY_MAX_BYTES``: largest shard (train + val) kept in memory."""
-    return TRAINER_INMEMORY_MAX_BYTES.read()
 
 
 def known_size_bytes(dataset: Any) -> int | None:
@@ -170,27 +154,28 @@ def plan_ingest(train_data: Any, val_data: Any, scaling_config: Any) -> IngestPl
     Raises:
         ValueError: ``MA_TRAINER_INMEMORY`` or ``MA_TRAINER_INMEMORY_MAX_BYTES`` is invalid.
     """
-    switch = read_switch()
-    max_bytes = read_max_bytes()
+    switch = TRAINER_INMEMORY.read()
+    max_bytes = TRAINER_INMEMORY_MAX_BYTES.read()
     if switch == "0":
-        return IngestPlan(False, f"streaming: {ENV_SWITCH}=0")
+        return IngestPlan(False, f"streaming: {TRAINER_INMEMORY.name}=0")
     if switch == "1":
-        return IngestPlan(True, f"in memory: {ENV_SWITCH}=1")
+        return IngestPlan(True, f"in memory: {TRAINER_INMEMORY.name}=1")
     train_size, train_rows, how = _estimate(train_data)
     val_size, val_rows, val_how = _estimate(val_data)
     if train_size is None or val_size is None:
         return IngestPlan(False, "streaming: the dataset's size is unknown before it is read "
-                          f"(set {ENV_SWITCH}=1 to keep shards in memory anyway)",
+                          f"(set {TRAINER_INMEMORY.name}=1 to keep shards in memory anyway)",
                           train_rows, val_rows)
     workers = scaling_config.num_workers
     workers = max(int(workers[1] if isinstance(workers, tuple) else workers or 1), 1)
     # Every worker holds 1/world of each dataset (streaming_split(equal=True)).
     shard = math.ceil((train_size + val_size) / workers)
     if max_bytes is not None:
-        limit, source = max_bytes, ENV_MAX_BYTES
+        limit, source = max_bytes, TRAINER_INMEMORY_MAX_BYTES.name
     else:
         memory, source = host_memory_per_worker(scaling_config)
-        limit, source = int(memory * MEMORY_FRACTION), f"{MEMORY_FRACTION:.0%} of {source}"
+        fraction = TRAINER_INMEMORY_MEMORY_FRACTION
+        limit, source = int(memory * fraction), f"{fraction:.0%} of {source}"
     fits = shard <= limit
     estimated = " (estimated: rows x fixed row width)" if "rows" in how + val_how else ""
     reason = (f"{'in memory' if fits else 'streaming'}: shard of {shard:,} bytes per worker"

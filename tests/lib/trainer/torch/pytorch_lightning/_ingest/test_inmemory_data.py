@@ -24,8 +24,6 @@ from michelangelo.lib.trainer.torch.pytorch_lightning import (
 )
 from michelangelo.lib.trainer.torch.pytorch_lightning._ingest._data import SizedBatches
 from michelangelo.lib.trainer.torch.pytorch_lightning._ingest._inmemory_data import (
-    ENV_MAX_BYTES,
-    ENV_SWITCH,
     InMemoryBatches,
     drain_blocks,
     drain_shard,
@@ -34,6 +32,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._ingest._inmemory_data imp
     shuffle_seed,
     split_for_workers,
 )
+from michelangelo.settings import TRAINER_INMEMORY, TRAINER_INMEMORY_MAX_BYTES
 
 ship_by_value(__name__)
 
@@ -58,7 +57,7 @@ quickstart = _load_quickstart()
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    for name in (ENV_SWITCH, ENV_MAX_BYTES, "PL_GLOBAL_SEED"):
+    for name in (TRAINER_INMEMORY.name, TRAINER_INMEMORY_MAX_BYTES.name, "PL_GLOBAL_SEED"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -90,9 +89,9 @@ def test_threshold_decides_from_known_size_and_worker_memory(monkeypatch):
     assert plan_ingest(train, val, scaling(memory=4 * shard)).in_memory
     plan = plan_ingest(train, val, scaling(memory=4 * shard - 8))
     assert not plan.in_memory and "streaming" in plan.reason and f"{shard:,}" in plan.reason
-    monkeypatch.setenv(ENV_MAX_BYTES, str(shard))
+    monkeypatch.setenv(TRAINER_INMEMORY_MAX_BYTES.name, str(shard))
     assert plan_ingest(train, val, scaling(memory=8)).in_memory
-    monkeypatch.setenv(ENV_MAX_BYTES, str(shard - 1))
+    monkeypatch.setenv(TRAINER_INMEMORY_MAX_BYTES.name, str(shard - 1))
     assert not plan_ingest(train, val, scaling(memory=10**12)).in_memory
 
 
@@ -100,17 +99,17 @@ def test_threshold_decides_from_known_size_and_worker_memory(monkeypatch):
 def test_switch_forces_either_path_and_bad_values_name_the_variable(monkeypatch):
     train, _ = make_regression_datasets(32, 8)
     train = train.materialize()
-    monkeypatch.setenv(ENV_SWITCH, "0")
+    monkeypatch.setenv(TRAINER_INMEMORY.name, "0")
     assert not plan_ingest(train, None, scaling(memory=10**12)).in_memory
-    monkeypatch.setenv(ENV_SWITCH, "1")
-    monkeypatch.setenv(ENV_MAX_BYTES, "1")
+    monkeypatch.setenv(TRAINER_INMEMORY.name, "1")
+    monkeypatch.setenv(TRAINER_INMEMORY_MAX_BYTES.name, "1")
     assert plan_ingest(train, None, scaling()).in_memory
-    monkeypatch.setenv(ENV_SWITCH, "sometimes")
-    with pytest.raises(ValueError, match=f"{ENV_SWITCH}='sometimes'.*Fix"):
+    monkeypatch.setenv(TRAINER_INMEMORY.name, "sometimes")
+    with pytest.raises(ValueError, match=f"{TRAINER_INMEMORY.name}='sometimes'.*Fix"):
         plan_ingest(train, None, scaling())
-    monkeypatch.setenv(ENV_SWITCH, "auto")
-    monkeypatch.setenv(ENV_MAX_BYTES, "two gigs")
-    with pytest.raises(ValueError, match=f"{ENV_MAX_BYTES}='two gigs'.*Fix"):
+    monkeypatch.setenv(TRAINER_INMEMORY.name, "auto")
+    monkeypatch.setenv(TRAINER_INMEMORY_MAX_BYTES.name, "two gigs")
+    with pytest.raises(ValueError, match=f"{TRAINER_INMEMORY_MAX_BYTES.name}='two gigs'.*Fix"):
         plan_ingest(train, None, scaling())
 
 
@@ -162,7 +161,7 @@ def test_a_users_data_config_keeps_ray_trains_sharding(monkeypatch, tmp_path):
     from ray.train import DataConfig
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-    monkeypatch.setenv(ENV_SWITCH, "1")
+    monkeypatch.setenv(TRAINER_INMEMORY.name, "1")
     seen = []
 
     def launch(self):  # stands in for Ray Train's fit: what would it have been given?
@@ -347,7 +346,7 @@ class CountingSplitTrainer(LightningTrainer):
 def train_once(tmp_path, monkeypatch, switch: str, train, val) -> tuple[dict, LightningTrainer]:
     record_dir = tmp_path / f"records-{switch}"
     record_dir.mkdir()
-    monkeypatch.setenv(ENV_SWITCH, switch)
+    monkeypatch.setenv(TRAINER_INMEMORY.name, switch)
     trainer = CountingSplitTrainer(
         trainer_param=LightningTrainerParam(
             create_model_fn=create_recording_model,
