@@ -122,7 +122,7 @@ def main() -> None:
     from michelangelo.lib.serving import deploy
     from michelangelo.lib.serving._deploy import post_json
     from michelangelo.uniflow.plugins.ray import LocalRayCluster, RayTask
-    from michelangelo.uniflow.plugins.ray._ports import free_port
+    from michelangelo.uniflow.plugins.ray.provisioning import free_port
 
     work = tempfile.mkdtemp(prefix="ma-bench-serving-")
     registry = ModelRegistry(os.path.join(work, "registry"))

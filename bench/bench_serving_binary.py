@@ -83,7 +83,7 @@ def main() -> None:
     from michelangelo.lib.model_registry import ModelRegistry
     from michelangelo.lib.serving import deploy
     from michelangelo.uniflow.plugins.ray import LocalRayCluster, RayTask
-    from michelangelo.uniflow.plugins.ray._ports import free_port
+    from michelangelo.uniflow.plugins.ray.provisioning import free_port
 
     work = tempfile.mkdtemp(prefix="ma-bench-binary-")
     registry = ModelRegistry(os.path.join(work, "registry"))

@@ -138,7 +138,7 @@ def main() -> None:
     from michelangelo.lib.model_registry import ModelRegistry
     from michelangelo.lib.serving import DeploymentError, deploy, promote, rollback
     from michelangelo.uniflow.plugins.ray import LocalRayCluster, RayTask
-    from michelangelo.uniflow.plugins.ray._ports import free_port
+    from michelangelo.uniflow.plugins.ray.provisioning import free_port
 
     work = tempfile.mkdtemp(prefix="ma-bench-rollout-")
     registry = ModelRegistry(os.path.join(work, "registry"))

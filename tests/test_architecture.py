@@ -205,12 +205,8 @@ BENCH_INTERNALS = {
     # Packing the project for a remote run, timed apart from the submission.
     "bench/bench_remote.py: michelangelo.uniflow.plugins.ray._working_dir.pack_project",
     "bench/bench_remote.py: michelangelo.uniflow.plugins.ray._working_dir.project_root",
-    # Serving's own HTTP client and app, and a free port for a Serve instance outside a run.
+    # Serving's own HTTP client and app, for a Serve instance outside a run.
     "bench/bench_serving.py: michelangelo.lib.serving._deploy.post_json",
-    "bench/bench_serving.py: michelangelo.uniflow.plugins.ray._ports.free_port",
-    "bench/bench_serving_binary.py: michelangelo.uniflow.plugins.ray._ports.free_port",
-    "bench/bench_serving_generate.py: michelangelo.uniflow.plugins.ray._ports.free_port",
-    "bench/bench_serving_rollout.py: michelangelo.uniflow.plugins.ray._ports.free_port",
     "bench/bench_serving_rollout.py: michelangelo.lib.serving._app.build_app",
 }
 

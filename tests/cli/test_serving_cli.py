@@ -108,7 +108,7 @@ def test_serve_answers_then_ctrl_c_leaves_no_ray_process(tmp_path, cli_env, monk
     import cli_serving_factory
 
     from michelangelo.lib.model_registry import ModelRegistry
-    from michelangelo.uniflow.plugins.ray._ports import free_port
+    from michelangelo.uniflow.plugins.ray.provisioning import free_port
 
     registry = ModelRegistry(str(tmp_path / "registry"))
     registry.register("cli", "lin", model=cli_serving_factory.create_model(),

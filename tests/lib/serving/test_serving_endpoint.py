@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from michelangelo.lib import serving
 from michelangelo.lib.model_registry import ModelRegistry
 from michelangelo.uniflow.plugins.ray import RayTask, _standing
-from michelangelo.uniflow.plugins.ray._ports import free_port
+from michelangelo.uniflow.plugins.ray.provisioning import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MAX_BATCH = 8

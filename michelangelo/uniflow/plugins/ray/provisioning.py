@@ -1,6 +1,8 @@
 """What a cluster provisioner builds on: the cluster interface, node shapes and the registries.
 
-The public face for extensions of the Ray plugin that make clusters (KubeRay is one). A
+The public face for extensions of the Ray plugin that make clusters (KubeRay is one), and
+for whatever starts servers beside them (:func:`free_port`: a loopback port outside Ray's
+worker ports and the kernel's ephemeral range, so nothing takes it before it is bound). A
 provisioner subclasses :class:`RayCluster` and joins a registry: :func:`register_provisioner`
 for clusters made per RayTask (chosen with ``UF_RAY_PROVISIONER``), or
 :func:`register_run_provisioner` for remote runs whose options ask for it (``--kuberay``).
@@ -21,6 +23,7 @@ from michelangelo.quantity import format_bytes, parse_quantity
 from michelangelo.uniflow.plugins.ray._cluster import ClusterState, RayCluster
 from michelangelo.uniflow.plugins.ray._config import RayTask
 from michelangelo.uniflow.plugins.ray._node_resources import NodeResources, node_resources
+from michelangelo.uniflow.plugins.ray._ports import free_port
 from michelangelo.uniflow.plugins.ray._provisioners import (
     ENTRY_POINT_GROUP,
     RunClusters,
@@ -36,6 +39,7 @@ __all__ = [
     "RayTask",
     "RunClusters",
     "format_bytes",
+    "free_port",
     "node_resources",
     "parse_quantity",
     "register_provisioner",

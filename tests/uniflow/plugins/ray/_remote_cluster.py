@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from michelangelo.uniflow.plugins.ray._ports import free_port
+from michelangelo.uniflow.plugins.ray.provisioning import free_port
 
 BIN = os.path.dirname(sys.executable)
 

@@ -20,7 +20,7 @@ from michelangelo.uniflow.core._records import RunStore, TaskState
 from michelangelo.uniflow.core._storage import Storage
 from michelangelo.uniflow.core.errors import UserError
 from michelangelo.uniflow.plugins.ray._jobs import compare_versions
-from michelangelo.uniflow.plugins.ray._ports import free_port
+from michelangelo.uniflow.plugins.ray.provisioning import free_port
 
 from . import _remote_cluster
 

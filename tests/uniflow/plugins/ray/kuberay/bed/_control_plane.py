@@ -77,7 +77,7 @@ def _build(what: str) -> Path:
 
 
 def _free_port() -> int:
-    from michelangelo.uniflow.plugins.ray._ports import free_port
+    from michelangelo.uniflow.plugins.ray.provisioning import free_port
 
     return free_port()
 

@@ -40,7 +40,7 @@ from typing import Any
 
 from kubernetes import client
 
-from michelangelo.uniflow.plugins.ray._ports import free_port
+from michelangelo.uniflow.plugins.ray.provisioning import free_port
 from tests.uniflow.plugins.ray.kuberay.bed._kubelet_streaming_double import KubeletStreamingDouble
 from tests.uniflow.plugins.ray.kuberay.bed._pod_network_double import (
     VIRTUAL_PORTS,

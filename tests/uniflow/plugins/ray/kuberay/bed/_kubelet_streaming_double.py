@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from aiohttp import WSMsgType, web
 
-from michelangelo.uniflow.plugins.ray._ports import free_port
+from michelangelo.uniflow.plugins.ray.provisioning import free_port
 
 PROTOCOL = "v4.channel.k8s.io"
 
