@@ -24,6 +24,7 @@ __all__ = [
     "ByteSetting",
     "ChoiceSetting",
     "check_environment",
+    "set_in_environment",
 ]
 
 
@@ -116,3 +117,13 @@ def check_environment() -> None:
     """
     for setting in _DECLARED:
         setting.read()
+
+
+def set_in_environment() -> dict[str, str]:
+    """The declared settings this process's environment sets, by variable name.
+
+    What a process that starts work elsewhere (a Ray job on a remote cluster) passes on, so
+    that the work there reads the values this process checked.
+    """
+    return {setting.name: os.environ[setting.name] for setting in _DECLARED
+            if os.environ.get(setting.name, "").strip()}

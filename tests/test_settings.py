@@ -86,3 +86,15 @@ def test_a_run_refuses_a_bad_setting_before_any_task_starts(monkeypatch, tmp_pat
     check_environment()
     uniflow.Context(storage_url=str(tmp_path)).run(flow)
     assert ran == [1]
+
+
+def test_the_settings_set_here_are_what_a_remote_job_is_given(monkeypatch):
+    from michelangelo.settings import set_in_environment
+
+    for setting in (DRIVER_READ_MAX_BYTES, TRAINER_INMEMORY, TRAINER_INMEMORY_MAX_BYTES):
+        monkeypatch.delenv(setting.name, raising=False)
+    assert set_in_environment() == {}
+    monkeypatch.setenv(TRAINER_INMEMORY.name, "0")
+    monkeypatch.setenv(TRAINER_INMEMORY_MAX_BYTES.name, " ")  # blank: unset
+    monkeypatch.setenv("MA_SOMETHING_ELSE", "1")  # not a declared setting
+    assert set_in_environment() == {TRAINER_INMEMORY.name: "0"}

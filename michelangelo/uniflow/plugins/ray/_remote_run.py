@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from michelangelo.settings import set_in_environment
 from michelangelo.uniflow.core.errors import UserError
 from michelangelo.uniflow.core.plugin import (
     RemoteCall,
@@ -286,8 +287,9 @@ def submit(config: RayTask, run: Run, call: RemoteCall) -> None:
     if state.ship_sdk(cluster):
         runtime_env["py_modules"] = [*runtime_env.get("py_modules", []), client_package_dir()]
     # The job sees the run's storage as this process does, so libraries that default to a
-    # place under it (the model registry) find the same things on both sides.
-    shared = {"UF_STORAGE_URL": call.storage_url}
+    # place under it (the model registry) find the same things on both sides; and the SDK's
+    # settings this process set (and checked when the run started) apply there too.
+    shared = {**set_in_environment(), "UF_STORAGE_URL": call.storage_url}
     if os.environ.get("MA_MODEL_REGISTRY_URL"):
         shared["MA_MODEL_REGISTRY_URL"] = os.environ["MA_MODEL_REGISTRY_URL"]
     runtime_env["env_vars"] = {"PYTHONUNBUFFERED": "1", **shared,

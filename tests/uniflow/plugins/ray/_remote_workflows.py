@@ -63,7 +63,8 @@ def meet(x: int, folder: str, branches: int) -> dict:
         if len(seen) >= branches:
             break
         time.sleep(0.2)
-    return {"x": x, "seen": len(seen), **_where()}
+    return {"x": x, "seen": len(seen), "inmemory": os.environ.get("MA_TRAINER_INMEMORY"),
+            **_where()}
 
 
 @uniflow.task(config=SMALL)

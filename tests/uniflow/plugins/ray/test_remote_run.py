@@ -147,7 +147,8 @@ def test_resumed_run_reuses_and_finishes_on_the_cluster(feature_runs, storage):
 
 def test_a_batch_runs_its_branches_as_concurrent_jobs(cluster, storage, tmp_path):
     env = cluster.client_env(storage)
-    env.update(WF="batch", WF_MEET=str(tmp_path))
+    # An SDK setting the client sets (and checks when the run starts) reaches every job.
+    env.update(WF="batch", WF_MEET=str(tmp_path), MA_TRAINER_INMEMORY="off")
     done = _run([sys.executable, WORKFLOWS, "remote-run", "--ray-address",
                  cluster.dashboard_url], env)
     output = done.stdout + done.stderr
@@ -163,6 +164,7 @@ def test_a_batch_runs_its_branches_as_concurrent_jobs(cluster, storage, tmp_path
     result = done.stdout.split("result: ", 1)[1]
     assert result.count("'seen': 2") == 2, result
     assert result.count("working_dir_files") == 2, result
+    assert result.count("'inmemory': 'off'") == 2, result
     for call_id, x in (("001-meet[0]", 1), ("001-meet[1]", 2)):
         assert f"meet body runs for x={x}" in _log(storage, run_id, call_id, 1)
 
