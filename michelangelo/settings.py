@@ -18,6 +18,7 @@ from michelangelo.quantity import parse_bytes
 __all__ = [
     "DRIVER_READ_MAX_BYTES",
     "DRIVER_READ_MAX_BYTES_DEFAULT",
+    "DRIVER_WRITE_MAX_BYTES",
     "TRAINER_INMEMORY",
     "TRAINER_INMEMORY_MAX_BYTES",
     "TRAINER_INMEMORY_MEMORY_FRACTION",
@@ -86,6 +87,14 @@ DRIVER_READ_MAX_BYTES = ByteSetting(
 )
 """The largest stored dataset (bytes of Parquet) a task reads in its own process."""
 
+DRIVER_WRITE_MAX_BYTES = ByteSetting(
+    "MA_DATASET_DRIVER_WRITE_MAX_BYTES",
+    fix=("set it to a byte count such as 64Mi or 67108864 (0 writes every Ray Dataset through "
+         f"Ray Data), or unset it for {DRIVER_READ_MAX_BYTES_DEFAULT} (32Mi)."),
+    default=DRIVER_READ_MAX_BYTES_DEFAULT,
+)
+"""The largest materialized Ray Dataset (bytes in memory) a task writes from its own process."""
+
 TRAINER_INMEMORY = ChoiceSetting(
     "MA_TRAINER_INMEMORY", default="auto", choices=("auto", "1", "0"),
     aliases=(("true", "1"), ("on", "1"), ("yes", "1"),
@@ -106,7 +115,8 @@ TRAINER_INMEMORY_MAX_BYTES = ByteSetting(
 )
 """The largest shard (train + val) a LightningTrainer worker keeps in memory."""
 
-_DECLARED = (DRIVER_READ_MAX_BYTES, TRAINER_INMEMORY, TRAINER_INMEMORY_MAX_BYTES)
+_DECLARED = (DRIVER_READ_MAX_BYTES, DRIVER_WRITE_MAX_BYTES, TRAINER_INMEMORY,
+             TRAINER_INMEMORY_MAX_BYTES)
 
 
 def check_environment() -> None:

@@ -8,6 +8,7 @@ import pytest
 import michelangelo.uniflow.core as uniflow
 from michelangelo.settings import (
     DRIVER_READ_MAX_BYTES,
+    DRIVER_WRITE_MAX_BYTES,
     TRAINER_INMEMORY,
     TRAINER_INMEMORY_MAX_BYTES,
     ByteSetting,
@@ -60,8 +61,8 @@ def test_a_choice_takes_its_aliases_and_refuses_the_rest(monkeypatch):
 
 
 @pytest.mark.parametrize("setting, bad", [
-    (DRIVER_READ_MAX_BYTES, "lots"), (TRAINER_INMEMORY, "maybe"),
-    (TRAINER_INMEMORY_MAX_BYTES, "2 gigs"),
+    (DRIVER_READ_MAX_BYTES, "lots"), (DRIVER_WRITE_MAX_BYTES, "-3"),
+    (TRAINER_INMEMORY, "maybe"), (TRAINER_INMEMORY_MAX_BYTES, "2 gigs"),
 ])
 def test_a_run_refuses_a_bad_setting_before_any_task_starts(monkeypatch, tmp_path, setting,
                                                             bad):
@@ -91,7 +92,8 @@ def test_a_run_refuses_a_bad_setting_before_any_task_starts(monkeypatch, tmp_pat
 def test_the_settings_set_here_are_what_a_remote_job_is_given(monkeypatch):
     from michelangelo.settings import set_in_environment
 
-    for setting in (DRIVER_READ_MAX_BYTES, TRAINER_INMEMORY, TRAINER_INMEMORY_MAX_BYTES):
+    for setting in (DRIVER_READ_MAX_BYTES, DRIVER_WRITE_MAX_BYTES, TRAINER_INMEMORY,
+                    TRAINER_INMEMORY_MAX_BYTES):
         monkeypatch.delenv(setting.name, raising=False)
     assert set_in_environment() == {}
     monkeypatch.setenv(TRAINER_INMEMORY.name, "0")

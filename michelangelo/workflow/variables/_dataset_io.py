@@ -8,12 +8,14 @@ from typing import Any
 
 from michelangelo.uniflow.core.plugin import Storage, ValueIO, register_io
 from michelangelo.workflow.variables._dataset_variable import DatasetVariable, _kind
+from michelangelo.workflow.variables._stored_writes import write_ray_dataset
 
 _CHUNK = 8 * 2**20
 
 
 class DatasetIO(ValueIO):
-    """Writes the data with Ray (in parallel on the cluster) and records a content hash."""
+    """Writes the data as Parquet (a large Ray Dataset in parallel on the cluster, with Ray
+    Data) and records a content hash."""
 
     name = "dataset"
 
@@ -31,7 +33,7 @@ class DatasetIO(ValueIO):
         storage.makedirs(target)
         kind = _kind(data)
         if kind == "ray":
-            data.write_parquet(storage.url_of(target))
+            write_ray_dataset(data, storage, target)
         else:
             import pyarrow as pa
             import pyarrow.parquet as pq

@@ -2,6 +2,7 @@
 
 import os
 import pickle
+import posixpath
 
 import pandas as pd
 import pytest
@@ -88,6 +89,48 @@ def test_a_small_stored_dataset_is_read_in_memory_as_ray_would_read_it(ray_sessi
                for a, b in zip(ours, theirs, strict=True))
     # Only Ray's own read listed the files on footer-reader actors.
     assert _footer_readers() - before == 32
+
+
+def _files(handle: DatasetVariable) -> list[str]:
+    import fsspec
+
+    fs, path = fsspec.core.url_to_fs(handle.path)
+    return sorted(posixpath.basename(f) for f in fs.find(path) if f.endswith(".parquet"))
+
+
+def test_a_small_materialized_dataset_is_written_by_this_process_as_ray_writes_it(
+        ray_session, monkeypatch):
+    import numpy as np
+
+    rows = [{"id": i, "name": f"row {i}", "x": np.full((2, 3), i, dtype=np.float32)}
+            for i in range(300)]
+    data = ray.data.from_items(rows, override_num_blocks=3).materialize()
+    monkeypatch.delenv("MA_DATASET_DRIVER_WRITE_MAX_BYTES", raising=False)
+    ours, _ = _store(data, "ours")
+    monkeypatch.setenv("MA_DATASET_DRIVER_WRITE_MAX_BYTES", "0")
+    theirs, _ = _store(data, "theirs")
+    # One file per block, in block order (Ray Data names its files differently).
+    assert _files(ours) == ["part-00000.parquet", "part-00001.parquet", "part-00002.parquet"]
+    assert len(_files(theirs)) == 3 and not any(f.startswith("part-") for f in _files(theirs))
+    assert ours.num_rows == theirs.num_rows == 300 and ours.schema == theirs.schema
+    for reader in (lambda h: ray.data.read_parquet(h.path), lambda h: h.load_ray_dataset()):
+        back, by_ray = reader(ours), reader(theirs)
+        assert back.schema() == by_ray.schema()
+        mine, expected = (sorted(d.take_all(), key=lambda r: r["id"]) for d in (back, by_ray))
+        assert [(r["id"], r["name"]) for r in mine] == [(i, f"row {i}") for i in range(300)]
+        assert [(r["id"], r["name"]) for r in expected] == [(i, f"row {i}") for i in range(300)]
+        assert all(np.array_equal(a["x"], b["x"]) and a["x"].shape == (2, 3)
+                   for a, b in zip(mine, expected, strict=True))
+    # Read back in memory, the rows come in the order they were written.
+    assert [r["id"] for r in ours.load_ray_dataset().take_all()] == list(range(300))
+    # A lazy dataset, or one over the limit, is written by Ray Data.
+    monkeypatch.delenv("MA_DATASET_DRIVER_WRITE_MAX_BYTES")
+    lazy, _ = _store(ray.data.range(300, override_num_blocks=2).map(lambda r: r), "lazy")
+    monkeypatch.setenv("MA_DATASET_DRIVER_WRITE_MAX_BYTES", "1Ki")
+    large, _ = _store(data, "large")
+    for handle in (lazy, large):
+        assert _files(handle) and not any(f.startswith("part-") for f in _files(handle))
+    assert lazy.num_rows == large.num_rows == 300
 
 
 def test_a_bad_driver_read_limit_names_the_variable(tmp_path, monkeypatch):
