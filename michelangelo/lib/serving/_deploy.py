@@ -32,6 +32,8 @@ from michelangelo.lib.serving._rollout import (
     start_record,
 )
 
+_READY_POLL_S = 0.1  # how often a deploy asks Serve whether its applications are RUNNING
+
 
 @dataclass(frozen=True)
 class Deployment:
@@ -362,8 +364,9 @@ def _start_canary(description: DeploymentDescription, share: float,
                 return get_deployment(name)
         _end_rollout(name, f"replaced by a canary of revision {canary.revision_id}")
     try:
-        serve.run(build_app({"description": canary.to_dict()}), name=app,
-                  route_prefix=None)  # no route: it answers only what stable replicas send it
+        # No route: it answers only what stable replicas send it.
+        _run_apps([serve.RunTarget(build_app({"description": canary.to_dict()}), name=app,
+                                   route_prefix=None)])
     except Exception as exc:
         reason = _replica_error(app) or _last_line(str(exc)) or type(exc).__name__
         serve.delete(app)
@@ -475,7 +478,7 @@ def _run(description: DeploymentDescription, prove: bool = True) -> None:
     if gateway is not None:  # the first endpoint: the /v2 gateway starts beside it, not after
         targets.append(gateway)
     try:
-        serve.run_many(targets)  # waits until every application is RUNNING or one failed
+        _run_apps(targets)
     except Exception as exc:
         reason = _replica_error(description.name) or _last_line(str(exc)) or type(exc).__name__
         if not existed:
@@ -500,8 +503,8 @@ def _prove(description: DeploymentDescription) -> None:
 
     candidate = f"_candidate-{description.name}"
     try:
-        serve.run(build_app({"description": description.to_dict()}), name=candidate,
-                  route_prefix=None)  # no HTTP route: it takes no traffic
+        _run_apps([serve.RunTarget(build_app({"description": description.to_dict()}),
+                                   name=candidate, route_prefix=None)])  # takes no traffic
     except Exception as exc:
         reason = _replica_error(candidate) or _last_line(str(exc)) or type(exc).__name__
         raise DeploymentError(
@@ -527,6 +530,34 @@ def _gateway_target(applications: dict[str, Any]) -> Any:
     if app is not None and str(getattr(app.status, "value", app.status)) == "RUNNING":
         return None
     return serve.RunTarget(build_gateway(), name=GATEWAY_APP, route_prefix=GATEWAY_PREFIX)
+
+
+def _run_apps(targets: list[Any]) -> None:
+    """Deploy ``targets`` and return once every one of them is RUNNING.
+
+    Serve's own wait asks for an application's status once a second, so a deploy returned
+    up to a second after its replicas were ready; this asks every ``_READY_POLL_S``.
+
+    Raises:
+        RuntimeError: An application failed to deploy (Serve's message), or went away.
+    """
+    from ray import serve
+
+    serve.run_many(targets, wait_for_applications_running=False)
+    pending = [target.name for target in targets]
+    while pending:
+        applications = serve.status().applications
+        for name in list(pending):
+            app = applications.get(name)
+            status = str(getattr(app.status, "value", app.status)) if app is not None else None
+            if status is None:
+                raise RuntimeError(f"application {name!r} went away while it was deploying")
+            if status == "DEPLOY_FAILED":
+                raise RuntimeError(f"Deploying application {name} failed: {app.message}")
+            if status == "RUNNING":
+                pending.remove(name)
+        if pending:
+            time.sleep(_READY_POLL_S)
 
 
 def _replica_error(name: str) -> str | None:
