@@ -32,7 +32,7 @@ from michelangelo.lib.serving._rollout import (
     start_record,
 )
 
-_READY_POLL_S = 0.1  # how often a deploy asks Serve whether its applications are RUNNING
+_READY_POLL_S = 0.25  # how often a deploy asks Serve whether its applications are RUNNING
 
 
 @dataclass(frozen=True)
