@@ -339,10 +339,12 @@ class KubeRayCluster(RayCluster):
     def _forward_refused(self, what: str, *, made: bool) -> str:
         """Why the head cannot be reached through a port-forward for this user, and the fix."""
         cluster = "the cluster is being deleted" if made else "no RayCluster was made"
-        return (f"--head-access port-forward: a port-forward to RayCluster {self.name!r}'s head "
-                f"{what}; {cluster}. Fix: have your user granted 'create' on pods/portforward "
-                f"in namespace {self.namespace!r}, or pass --head-access pod where pod "
-                "addresses are reachable.")
+        why = ("--head-access port-forward" if self.settings.head_access == "port-forward"
+               else "--head-access auto (the head pod's address did not answer from here)")
+        return (f"{why}: a port-forward to RayCluster {self.name!r}'s head {what}; {cluster}. "
+                f"Fix: have your user granted 'create' on pods/portforward in namespace "
+                f"{self.namespace!r}, or pass --head-access pod where pod addresses are "
+                "reachable.")
 
     def _token_refused(self, what: str, *, made: bool) -> str:
         """Why ``--auth token`` cannot work for this user, and the fix."""

@@ -121,6 +121,21 @@ def test_refused_worker_pods_fail_the_start_at_once_with_the_reason():
         cluster.start()
 
 
+@pytest.mark.parametrize("access, label", [
+    ("port-forward", "--head-access port-forward: "),
+    ("auto", "--head-access auto (the head pod's address did not answer from here): "),
+])
+def test_a_refused_port_forward_says_how_the_forward_was_chosen(access, label):
+    cluster = KubeRayCluster(RayTask(head_cpu=1), run_id="20261201-000000-abcdef",
+                             task_name="train", settings=KubeRaySettings(head_access=access),
+                             api=_KubeApiDouble({}, []))
+    message = cluster._forward_refused("was refused: Forbidden", made=True)
+    assert message.startswith(label), message
+    assert f"RayCluster {cluster.name!r}'s head was refused: Forbidden" in message
+    assert "the cluster is being deleted" in message
+    assert "granted 'create' on pods/portforward in namespace 'default'" in message
+
+
 class _ListApiDouble:
     def __init__(self, items: list[dict[str, Any]]) -> None:
         self.items = items
