@@ -524,10 +524,15 @@ def _gateway_target(applications: dict[str, Any]) -> Any:
     """
     from ray import serve
 
-    from michelangelo.lib.serving._gateway import GATEWAY_APP, GATEWAY_PREFIX, build_gateway
+    from michelangelo.lib.serving._gateway import (
+        GATEWAY_APP,
+        GATEWAY_PREFIX,
+        app_state,
+        build_gateway,
+    )
 
     app = applications.get(GATEWAY_APP)
-    if app is not None and str(getattr(app.status, "value", app.status)) == "RUNNING":
+    if app is not None and app_state(app) == "RUNNING":
         return None
     return serve.RunTarget(build_gateway(), name=GATEWAY_APP, route_prefix=GATEWAY_PREFIX)
 
@@ -543,13 +548,15 @@ def _run_apps(targets: list[Any]) -> None:
     """
     from ray import serve
 
+    from michelangelo.lib.serving._gateway import app_state
+
     serve.run_many(targets, wait_for_applications_running=False)
     pending = [target.name for target in targets]
     while pending:
         applications = serve.status().applications
         for name in list(pending):
             app = applications.get(name)
-            status = str(getattr(app.status, "value", app.status)) if app is not None else None
+            status = app_state(app) if app is not None else None
             if status is None:
                 raise RuntimeError(f"application {name!r} went away while it was deploying")
             if status == "DEPLOY_FAILED":

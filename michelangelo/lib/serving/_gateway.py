@@ -55,10 +55,15 @@ def is_endpoint(name: str, app: Any) -> bool:
     return not name.startswith("_") and ENDPOINT_DEPLOYMENT in getattr(app, "deployments", {})
 
 
+def app_state(app: Any) -> str:
+    """A Serve application's status as text (``"RUNNING"``, ``"DEPLOY_FAILED"``, ...)."""
+    return str(getattr(app.status, "value", app.status))
+
+
 def endpoint_states(applications: dict[str, Any]) -> dict[str, str]:
     """``{name: Serve status}`` of the applications that are endpoints."""
-    return {name: str(getattr(app.status, "value", app.status))
-            for name, app in applications.items() if is_endpoint(name, app)}
+    return {name: app_state(app) for name, app in applications.items()
+            if is_endpoint(name, app)}
 
 
 def _applications() -> dict[str, Any]:
