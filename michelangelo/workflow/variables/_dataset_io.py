@@ -8,7 +8,7 @@ from typing import Any
 
 from michelangelo.uniflow.core.plugin import Storage, ValueIO, register_io
 from michelangelo.workflow.variables._dataset_variable import DatasetVariable, _kind
-from michelangelo.workflow.variables._stored_writes import write_ray_dataset
+from michelangelo.workflow.variables._stored_writes import write_ray_dataset, write_tables
 
 _CHUNK = 8 * 2**20
 
@@ -36,11 +36,9 @@ class DatasetIO(ValueIO):
             write_ray_dataset(data, storage, target)
         else:
             import pyarrow as pa
-            import pyarrow.parquet as pq
 
             table = data if kind == "arrow" else pa.Table.from_pandas(data, preserve_index=False)
-            with storage.fs.open(posixpath.join(target, "part-00000.parquet"), "wb") as handle:
-                pq.write_table(table, handle)
+            write_tables([table], storage, target)
         schema, rows, fingerprint = _describe(storage, target)
         return {"data": "data", "schema": schema, "num_rows": rows, "fingerprint": fingerprint,
                 "summary": _summary(rows)}

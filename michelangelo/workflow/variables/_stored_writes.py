@@ -21,7 +21,12 @@ def write_ray_dataset(data: Any, storage: Any, target: str) -> None:
     tables = _small_blocks(data)
     if tables is None:
         data.write_parquet(storage.url_of(target))
-        return
+    else:
+        write_tables(tables, storage, target)
+
+
+def write_tables(tables: list[Any], storage: Any, target: str) -> None:
+    """Write each Arrow table as ``part-NNNNN.parquet`` under ``target``, in order."""
     import pyarrow.parquet as pq
 
     for index, table in enumerate(tables):
