@@ -141,25 +141,28 @@ class PlainReporter(Reporter):
     def task_changed(self, record: TaskRecord) -> None:
         if record.state == TaskState.PENDING:
             return
-        flying = ""
-        if "[" in record.call_id:  # a branch of a batch: say which branches now run
-            with self._lock:
-                self._branches[record.call_id] = record
-                flying = in_flight(self._branches)
-                if record.state != TaskState.RUNNING and not flying:
-                    self._branches.clear()
         text = f"task {record.call_id} {record.state.value}"
         if record.state != TaskState.RUNNING and record.duration_s is not None:
             text += f" in {record.duration_s:.2f}s"
         if record.source_run:
             text += f" (from run {record.source_run})"
-        if record.state == TaskState.FAILED and record.error:
-            for line in failure_lines(record):
-                self._print(line)
-        else:
-            self._print(text)
-        if flying and record.state != TaskState.RUNNING:
-            self._print(f"  {flying}")
+        # One lock around the reckoning and the printing: a branch's event line and the
+        # in-flight line that follows it stay together, and in the order the branches ended,
+        # when two branches end at the same moment.
+        with self._lock:
+            flying = ""
+            if "[" in record.call_id:  # a branch of a batch: say which branches now run
+                self._branches[record.call_id] = record
+                flying = in_flight(self._branches)
+                if record.state != TaskState.RUNNING and not flying:
+                    self._branches.clear()
+            if record.state == TaskState.FAILED and record.error:
+                for line in failure_lines(record):
+                    self._print(line)
+            else:
+                self._print(text)
+            if flying and record.state != TaskState.RUNNING:
+                self._print(f"  {flying}")
 
     def run_finished(self, run: RunRecord) -> None:
         took = (run.ended or time.time()) - run.started

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import copy
 import datetime
 import inspect
 import os
@@ -415,7 +416,10 @@ class Run:
         if state.is_final:
             record.ended = now
         self.store.save_task(self.run_id, record)
-        self.reporter.task_changed(record)
+        # The reporter gets this transition's copy: a concurrent branch's record changes in
+        # its own thread, and a console reading the live object would see a state it has
+        # not been told of yet (an "in flight" line that left out a running branch).
+        self.reporter.task_changed(copy.copy(record))
 
     def _cache_entry(self, key: str) -> str:
         return self.storage.join("cache", f"{key}.json")

@@ -6,6 +6,7 @@ Overlap is shown from timestamps the bodies record, with bodies that wait for ea
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -126,10 +127,18 @@ def _most_at_once(spans: list[tuple[float, float]]) -> int:
     return most
 
 
-def test_the_plain_console_names_the_branches_still_in_flight(tmp_path):
-    import io
+class SlowStream(io.StringIO):
+    """A console that takes a moment per write (a slow terminal or a full pipe)."""
 
-    stream = io.StringIO()
+    def write(self, text: str) -> int:
+        time.sleep(0.005)
+        return super().write(text)
+
+
+def test_the_plain_console_names_the_branches_still_in_flight(tmp_path):
+    # A slow console lets the other branch's end land between a line and the one after it
+    # if the reporter does not keep them together (it failed CI once on a plain StringIO).
+    stream = SlowStream()
     _ctx(reporter=PlainReporter(stream, quiet=True)).run(two_meeting, str(tmp_path))
     lines = stream.getvalue().splitlines()
     # Both branches ran together (they met), so when the first ended, the other was named
