@@ -327,10 +327,11 @@ def test_ctrl_c_stops_every_branch_and_records_the_run_interrupted(tmp_path, sto
 
         @uniflow.task()
         def spin(me: int) -> None:
-            open(os.path.join(FOLDER, f"started-{{me}}"), "w").close()
-            while True:
-                with open(os.path.join(FOLDER, f"alive-{{me}}"), "w") as f:
+            beat = os.path.join(FOLDER, f"alive-{{me}}")
+            while True:  # each heartbeat whole (written aside, then renamed into place)
+                with open(beat + ".part", "w") as f:
                     f.write(repr(time.time()))
+                os.replace(beat + ".part", beat)
                 time.sleep(0.05)
 
         @uniflow.workflow()
@@ -347,8 +348,10 @@ def test_ctrl_c_stops_every_branch_and_records_the_run_interrupted(tmp_path, sto
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     try:
-        _wait_for(lambda: all((tmp_path / f"started-{i}").exists() for i in range(2)),
-                  "both branches starting")
+        # Each branch has written its first heartbeat (not only started: on a busy machine
+        # the signal could land before a branch's first write, leaving nothing to compare).
+        _wait_for(lambda: all((tmp_path / f"alive-{i}").exists() for i in range(2)),
+                  "both branches beating")
         proc.send_signal(stop)
         _, err = proc.communicate(timeout=60)
     finally:
