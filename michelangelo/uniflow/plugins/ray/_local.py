@@ -32,6 +32,7 @@ _REGISTRATION_TIMEOUT = "timed out during startup"  # what `ray start` says afte
 # SIGTERM to SIGKILL. Worker nodes stop within about 1.4 s here; the head takes 3.5 s to stop
 # its dozen processes one by one, none of which keeps anything this cluster needs afterwards.
 _STOP_GRACE_S = 1.5
+_PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"  # Ray Train's switch, default on
 
 
 def _ray_executable() -> str:
@@ -68,6 +69,10 @@ class LocalRayCluster(RayCluster):
         # On SIGTERM a node drains through the GCS for up to 30 s by default; this cluster is
         # removed whole, so there is nothing to drain to.
         self._env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
+        # Ray Train starts a preemption watcher actor per training, which polls the nodes' drain
+        # state for spot or Kubernetes node loss. Processes on this machine are not preempted,
+        # and the watcher's process start takes CPU from the training workers' start.
+        self._env.setdefault(_PREEMPTION_WATCHER_ENV, "0")
 
     @property
     def node_pids(self) -> list[int]:

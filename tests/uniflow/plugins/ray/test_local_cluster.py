@@ -31,6 +31,7 @@ def _node_of_worker(config):
 
     print(f"hello from train worker {ray.train.get_context().get_world_rank()}")
     ray.train.report({"node": ray.get_runtime_context().get_node_id()})
+    return os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER")
 
 
 @uniflow.task(config=SHAPE)
@@ -39,7 +40,7 @@ def train_on_cluster() -> dict:
     # Ray Train workers land on two different declared worker nodes.
     trainer = TorchTrainer(_node_of_worker, scaling_config=ScalingConfig(
         num_workers=2, resources_per_worker={"CPU": 2}))
-    trainer.fit()
+    out["preemption_watcher"] = trainer.fit().return_value
     nodes = [n for n in ray.nodes() if n["Alive"]]
     out["nodes"] = sorted(n["Resources"].get("CPU", 0) for n in nodes)
     out["memory"] = sorted(n["Resources"].get("memory", 0) for n in nodes)
@@ -113,6 +114,12 @@ def test_train_workers_run_on_the_declared_nodes(cluster_run):
     first = cluster_run["first"]
     assert first["nodes"] == [1.0, 2.0, 2.0]
     assert first["memory"][:2] == [2**30, 2**30]
+
+
+def test_ray_train_is_told_a_local_cluster_is_not_preempted(cluster_run):
+    # Ray Train's controller and workers read this switch from the environment the nodes give
+    # them: off, Ray Train starts no preemption watcher actor beside each training.
+    assert cluster_run["first"]["preemption_watcher"] == "0"
 
 
 def test_ray_worker_output_is_kept_with_the_task(cluster_run):

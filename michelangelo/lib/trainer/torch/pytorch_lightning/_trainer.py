@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import warnings
 from typing import Any
 
+from ray.data import DataContext
 from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
@@ -147,10 +149,12 @@ class LightningTrainer(TorchTrainer):
             if (spec.in_memory and isinstance(workers, int) and datasets
                     and not self._own_data_config):
                 # Split here, once; Ray Train then has no datasets, so it starts no split
-                # coordinator (see _ingest._inmemory_data.split_for_workers). A user's DataConfig
-                # (datasets not split, its own configure) keeps Ray Train's sharding.
+                # coordinator and no dataset manager (see _create_default_callbacks and
+                # _ingest._inmemory_data.split_for_workers). A user's DataConfig (datasets not
+                # split, its own configure) keeps Ray Train's sharding.
                 spec = dataclasses.replace(
-                    spec, shard_blocks=self.split_for_workers(datasets, max(workers, 1)))
+                    spec, shard_blocks=self.split_for_workers(datasets, max(workers, 1)),
+                    data_context=copy.deepcopy(DataContext.get_current()))
                 self.datasets = {}
             self.train_loop_config = {"spec": spec}
             try:
@@ -158,6 +162,20 @@ class LightningTrainer(TorchTrainer):
                     return super().fit()
             finally:
                 self.datasets = datasets
+
+    def _create_default_callbacks(self) -> list[Any]:
+        """Ray Train's callbacks, less its datasets callback when Ray Train has no datasets.
+
+        With no datasets that callback still starts a dataset manager actor, a process that
+        imports Ray Data while the workers start. The workers then get the driver's Ray Data
+        context from the ``WorkerSpec`` instead.
+        """
+        from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+
+        callbacks = super()._create_default_callbacks()
+        if self.datasets:
+            return callbacks
+        return [cb for cb in callbacks if type(cb) is not DatasetsCallback]
 
     def train(self, run_config: RunConfig | None = None) -> dict[str, Any]:
         """Run training and return ``{"checkpoint_path", "path", "metrics"}``.

@@ -89,6 +89,8 @@ class WorkerSpec:
     initial_weights_stage: str | None = None
     # In memory: each rank's block refs per dataset, split on the driver (None: Ray's shards).
     shard_blocks: dict[str, list[list[Any]]] | None = None
+    # With shard_blocks, the driver's Ray Data context, which Ray Train then does not carry over.
+    data_context: Any = None
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -99,6 +101,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     loop_started = time.time()
     spec: WorkerSpec = config["spec"]
+    if spec.data_context is not None:  # what Ray Train sets when it has the datasets
+        from ray.data import DataContext
+
+        DataContext._set_current(spec.data_context)
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
 

@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 import pytorch_lightning as pl
 import ray
+import ray._private.state
 import torch
 from _models import create_tiny_model, make_regression_datasets, ship_by_value
 from ray.data.collate_fn import ArrowBatchCollateFn, NumpyBatchCollateFn, PandasBatchCollateFn
@@ -305,6 +306,9 @@ def test_lightning_fit_with_validation_and_resume_replays_the_epoch_orders(tmp_p
 # --- end to end: both paths on the quickstart model -------------------------------------------
 
 
+CONTEXT_PROBE = "michelangelo_test_probe"
+
+
 class RecordingRegressor(quickstart.Regressor):
     """The quickstart model, writing the row ids each rank trains on per epoch."""
 
@@ -320,6 +324,10 @@ class RecordingRegressor(quickstart.Regressor):
     def on_train_end(self) -> None:
         with open(os.path.join(self.record_dir, f"rank{self.global_rank}.json"), "w") as f:
             json.dump(self.seen, f)
+        # The driver's Ray Data context, as this worker sees it.
+        probe = ray.data.DataContext.get_current().get_config(CONTEXT_PROBE)
+        with open(os.path.join(self.record_dir, f"context{self.global_rank}.json"), "w") as f:
+            json.dump(probe, f)
 
 
 def create_recording_model(record_dir: str) -> RecordingRegressor:
@@ -357,7 +365,20 @@ def train_once(tmp_path, monkeypatch, switch: str, train, val) -> tuple[dict, Li
         run_config=RunConfig(name=f"ingest-{switch}", storage_path=str(tmp_path / "ray")),
         scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}),
     )
-    result = trainer.train()
+    before = set(ray._private.state.actors())  # the GCS's actor table (no dashboard here)
+    context = ray.data.DataContext.get_current()
+    context.set_config(CONTEXT_PROBE, f"driver-{switch}")
+    try:
+        result = trainer.train()
+    finally:
+        context.remove_config(CONTEXT_PROBE)
+    started = {a["ActorClassName"] for key, a in ray._private.state.actors().items()
+               if key not in before}
+    # In memory, Ray Train has no datasets, so no dataset manager actor starts either.
+    assert ("DatasetManager" in started) is (switch == "0"), started
+    assert "RayTrainWorker" in started, started
+    contexts = [json.loads(p.read_text()) for p in sorted(record_dir.glob("context*.json"))]
+    assert contexts == [f"driver-{switch}"] * 2  # both paths carry the driver's context over
     seen = {}
     for path in sorted(glob.glob(str(record_dir / "rank*.json"))):
         with open(path) as handle:
