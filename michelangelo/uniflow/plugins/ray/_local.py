@@ -33,6 +33,7 @@ _REGISTRATION_TIMEOUT = "timed out during startup"  # what `ray start` says afte
 # its dozen processes one by one, none of which keeps anything this cluster needs afterwards.
 _STOP_GRACE_S = 1.5
 _PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"  # Ray Train's switch, default on
+_USAGE_STATS_ENV = "RAY_USAGE_STATS_ENABLED"  # what `ray start --disable-usage-stats` sets
 
 
 def _ray_executable() -> str:
@@ -104,6 +105,13 @@ class LocalRayCluster(RayCluster):
                 "on that cluster instead."
             )
         os.makedirs(self.log_dir, exist_ok=True)
+        # The nodes run with Ray's usage stats off (`--disable-usage-stats`), so nothing this
+        # driver records for them is ever sent. The driver follows them while it is connected:
+        # otherwise each Ray Data run here starts a usage collection actor and a thread that
+        # polls for cluster metrics, for figures no one reads. Restored when the cluster stops.
+        self._set_usage_stats = _USAGE_STATS_ENV not in os.environ
+        if self._set_usage_stats:
+            os.environ[_USAGE_STATS_ENV] = "0"
         try:
             dashboard_port = self._start_head()
             ray.init(
@@ -327,6 +335,9 @@ class LocalRayCluster(RayCluster):
 
         if ray.is_initialized():
             ray.shutdown()
+        if getattr(self, "_set_usage_stats", False):
+            os.environ.pop(_USAGE_STATS_ENV, None)
+            self._set_usage_stats = False
         # Workers first, then the head. SIGTERM lets `ray start --block` drain; the cluster is
         # ours alone and about to vanish, so a short grace is enough before SIGKILL.
         for proc in reversed(self._procs):

@@ -81,12 +81,19 @@ def make_data(n: int) -> ray.data.Dataset:
 def consume(ds: ray.data.Dataset, handle: DatasetVariable) -> dict:
     import pickle
 
-    return {
+    out = {
         "rows": ds.count(),
         "sum": float(handle.load_pandas_dataframe()["x"].sum()),
         "handle_bytes": len(pickle.dumps(handle)),
         "address": ray.get_runtime_context().gcs_address,
+        "usage_stats": os.environ.get("RAY_USAGE_STATS_ENABLED"),
     }
+    try:  # Ray Data's usage collection actor, which it starts when usage stats are on
+        ray.get_actor("DataUsageCollectionActor", namespace="DataUsageCollectionActor")
+        out["usage_actor"] = True
+    except ValueError:
+        out["usage_actor"] = False
+    return out
 
 
 @uniflow.workflow()
@@ -100,14 +107,20 @@ def cluster_workflow(n: int) -> dict:
 @pytest.fixture(scope="module")
 def cluster_run(tmp_path_factory):
     os.environ["UF_STORAGE_URL"] = str(tmp_path_factory.mktemp("uf"))
+    # As on a user's machine, where Ray's usage stats are on unless switched off (the suite's
+    # conftest switches them off).
+    usage_stats = os.environ.pop("RAY_USAGE_STATS_ENABLED", None)
     ctx = uniflow.Context(reporter=Reporter())
     try:
         result = ctx.run(cluster_workflow, 2000)
         result["run_id"] = ctx.last_run_id
         result["storage"] = os.environ["UF_STORAGE_URL"]
+        result["usage_stats_after"] = os.environ.get("RAY_USAGE_STATS_ENABLED")
         yield result
     finally:
         os.environ.pop("UF_STORAGE_URL", None)
+        if usage_stats is not None:
+            os.environ["RAY_USAGE_STATS_ENABLED"] = usage_stats
 
 
 def test_train_workers_run_on_the_declared_nodes(cluster_run):
@@ -120,6 +133,15 @@ def test_ray_train_is_told_a_local_cluster_is_not_preempted(cluster_run):
     # Ray Train's controller and workers read this switch from the environment the nodes give
     # them: off, Ray Train starts no preemption watcher actor beside each training.
     assert cluster_run["first"]["preemption_watcher"] == "0"
+
+
+def test_the_driver_follows_the_nodes_usage_stats_setting_while_connected(cluster_run):
+    # The nodes start with usage stats off; while the run is connected the driver has them
+    # off too, so a Ray Data run in a task starts no usage collection actor. After the run
+    # the driver's environment is as it was.
+    assert cluster_run["second"]["usage_stats"] == "0"
+    assert cluster_run["second"]["usage_actor"] is False
+    assert cluster_run["usage_stats_after"] is None
 
 
 def test_ray_worker_output_is_kept_with_the_task(cluster_run):
