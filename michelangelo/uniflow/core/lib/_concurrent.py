@@ -78,7 +78,7 @@ class Future(Generic[T]):
             Exception: The branch's own exception, its message starting with the task name
                 and branch index.
         """
-        if not self._event.wait(timeout):
+        if not _wait(self._event, timeout):
             raise TimeoutError(f"{self.label} was still running after waiting {timeout:g}s.")
         self._seen = True
         if self._error is not None:
@@ -87,7 +87,7 @@ class Future(Generic[T]):
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """Wait for the branch; its error, or None if it succeeded."""
-        if not self._event.wait(timeout):
+        if not _wait(self._event, timeout):
             raise TimeoutError(f"{self.label} was still running after waiting {timeout:g}s.")
         self._seen = True
         return self._error
@@ -127,7 +127,7 @@ class BatchFuture(Generic[T]):
         deadline = None if timeout is None else time.monotonic() + timeout
         for future in self._futures:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not future._event.wait(left):
+            if not _wait(future._event, left):
                 raise TimeoutError(
                     f"{future.label} was still running after waiting {timeout:g}s.")
         for future in self._futures:
@@ -239,7 +239,7 @@ class _Batch:
 
     def wait(self) -> None:
         """Block until every branch has ended; warn of failures nobody asked about."""
-        self._all_done.wait()
+        _wait(self._all_done, None)
         for branch in self._branches:
             future = branch.future
             if future._error is not None and not future._seen and self.run is not None:
@@ -257,6 +257,25 @@ class _Batch:
         deadline = time.monotonic() + _stop_wait_s()
         for branch in running:
             branch.thread.join(max(0.0, deadline - time.monotonic()))
+
+
+# A wait of the workflow's thread is cut into slices. The kernel may hand a Ctrl-C to any thread
+# of the process (a branch thread inside Ray's C++ calls, say): Python then only marks the signal,
+# and the main thread raises KeyboardInterrupt once its wait returns, which an unbounded wait on
+# a branch that runs forever never does.
+_WAIT_SLICE_S = 0.25
+
+
+def _wait(event: threading.Event, timeout: float | None) -> bool:
+    """``event.wait(timeout)`` in slices, so that signals reach the waiting thread."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = _WAIT_SLICE_S if deadline is None else min(_WAIT_SLICE_S,
+                                                          deadline - time.monotonic())
+        if left <= 0:
+            return event.is_set()
+        if event.wait(left):
+            return True
 
 
 def _execute(run: Run | None, branch: _Branch) -> Any:

@@ -370,6 +370,49 @@ def test_ctrl_c_stops_every_branch_and_records_the_run_interrupted(tmp_path, sto
     assert states == {"001-spin[0]": TaskState.FAILED, "001-spin[1]": TaskState.FAILED}
 
 
+def test_a_ctrl_c_that_the_kernel_hands_to_a_branch_thread_still_stops_the_run(tmp_path):
+    """The kernel may deliver a Ctrl-C to any thread that does not block it (CI once saw a run
+    wait forever). Here a branch thread takes the signal itself: Python only marks it, and
+    the workflow's thread, waiting on the batch, must still notice and unwind."""
+    script = tmp_path / "wf.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, signal, threading, time
+        import michelangelo.uniflow.core as uniflow
+        from michelangelo.uniflow.core._console import Reporter
+        from michelangelo.uniflow.core.lib import concurrent
+
+        @uniflow.task()
+        def spin(me: int) -> None:
+            if me == 1:
+                time.sleep(0.5)  # the workflow's thread is waiting on the batch by now
+                signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+            while True:
+                time.sleep(0.05)
+
+        @uniflow.workflow()
+        def wf():
+            return concurrent.batch_run([concurrent.new_callable(spin, i) for i in range(2)]).get()
+
+        ctx = uniflow.Context(reporter=Reporter())
+        try:
+            ctx.run(wf)
+        finally:
+            with open(os.path.join({str(tmp_path)!r}, "run_id"), "w") as f:
+                f.write(ctx.last_run_id)
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    try:
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert b"KeyboardInterrupt" in err
+    run_id = (tmp_path / "run_id").read_text()
+    assert RunStore(Storage()).load_run(run_id).state.value == "interrupted"
+
+
 def test_run_record_keeps_the_batch_line():
     ctx = _ctx()
     ctx.run(nested, "unused")
