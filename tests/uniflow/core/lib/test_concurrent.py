@@ -313,27 +313,23 @@ def test_bad_arguments_are_refused_before_anything_runs():
         concurrent.batch_run([concurrent.new_callable(square, 1), 3])
 
 
-@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_ctrl_c_stops_every_branch_and_records_the_run_interrupted(tmp_path, stop):
-    """Ctrl-C, and SIGTERM in a plain ``python wf.py`` (no handler of its own), unwind."""
-    script = tmp_path / "wf.py"
-    script.write_text(textwrap.dedent(f"""
-        import os, time
+def _run_two_spinning_branches(folder, spin_body: str, poke=None, timeout: float = 60):
+    """Runs, in a fresh Python, a workflow whose two branches ``spin(me)`` run ``spin_body``
+    (which may use ``FOLDER``, ``me``, ``os``, ``signal``, ``threading`` and ``time``); calls
+    ``poke(proc)`` while it runs; returns its exit code, its stderr and the run's id."""
+    script = folder / "wf.py"
+    header = textwrap.dedent(f"""\
+        import os, signal, threading, time
         import michelangelo.uniflow.core as uniflow
-        from michelangelo.uniflow.core._console import PlainReporter, Reporter
+        from michelangelo.uniflow.core._console import Reporter
         from michelangelo.uniflow.core.lib import concurrent
 
-        FOLDER = {str(tmp_path)!r}
+        FOLDER = {str(folder)!r}
 
         @uniflow.task()
         def spin(me: int) -> None:
-            beat = os.path.join(FOLDER, f"alive-{{me}}")
-            while True:  # each heartbeat whole (written aside, then renamed into place)
-                with open(beat + ".part", "w") as f:
-                    f.write(repr(time.time()))
-                os.replace(beat + ".part", beat)
-                time.sleep(0.05)
-
+    """)
+    footer = textwrap.dedent("""
         @uniflow.workflow()
         def wf():
             return concurrent.batch_run([concurrent.new_callable(spin, i) for i in range(2)]).get()
@@ -344,27 +340,46 @@ def test_ctrl_c_stops_every_branch_and_records_the_run_interrupted(tmp_path, sto
         finally:
             with open(os.path.join(FOLDER, "run_id"), "w") as f:
                 f.write(ctx.last_run_id)
-    """))
+    """)
+    body = textwrap.indent(textwrap.dedent(spin_body).strip("\n"), "    ")
+    script.write_text(header + body + "\n\n" + footer)
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     try:
+        if poke is not None:
+            poke(proc)
+        _, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, err, (folder / "run_id").read_text()
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_stops_every_branch_and_records_the_run_interrupted(tmp_path, stop):
+    """Ctrl-C, and SIGTERM in a plain ``python wf.py`` (no handler of its own), unwind."""
+    def once_both_beat(proc):
         # Each branch has written its first heartbeat (not only started: on a busy machine
         # the signal could land before a branch's first write, leaving nothing to compare).
         _wait_for(lambda: all((tmp_path / f"alive-{i}").exists() for i in range(2)),
                   "both branches beating")
         proc.send_signal(stop)
-        _, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode != 0
+
+    returncode, err, run_id = _run_two_spinning_branches(tmp_path, """
+        beat = os.path.join(FOLDER, f"alive-{me}")
+        while True:  # each heartbeat whole (written aside, then renamed into place)
+            with open(beat + ".part", "w") as f:
+                f.write(repr(time.time()))
+            os.replace(beat + ".part", beat)
+            time.sleep(0.05)
+    """, poke=once_both_beat)
+    assert returncode != 0
     assert b"KeyboardInterrupt" in err
     # Nothing keeps running: the process is gone, and no branch writes after it ended.
     last = [_read(str(tmp_path), f"alive-{i}") for i in range(2)]
     time.sleep(0.3)
     assert [_read(str(tmp_path), f"alive-{i}") for i in range(2)] == last
     store = RunStore(Storage())
-    run_id = (tmp_path / "run_id").read_text()
     assert store.load_run(run_id).state.value == "interrupted"
     states = {r.call_id: r.state for r in store.load_tasks(run_id)}
     assert states == {"001-spin[0]": TaskState.FAILED, "001-spin[1]": TaskState.FAILED}
@@ -374,42 +389,15 @@ def test_a_ctrl_c_that_the_kernel_hands_to_a_branch_thread_still_stops_the_run(t
     """The kernel may deliver a Ctrl-C to any thread that does not block it (CI once saw a run
     wait forever). Here a branch thread takes the signal itself: Python only marks it, and
     the workflow's thread, waiting on the batch, must still notice and unwind."""
-    script = tmp_path / "wf.py"
-    script.write_text(textwrap.dedent(f"""
-        import os, signal, threading, time
-        import michelangelo.uniflow.core as uniflow
-        from michelangelo.uniflow.core._console import Reporter
-        from michelangelo.uniflow.core.lib import concurrent
-
-        @uniflow.task()
-        def spin(me: int) -> None:
-            if me == 1:
-                time.sleep(0.5)  # the workflow's thread is waiting on the batch by now
-                signal.pthread_kill(threading.get_ident(), signal.SIGINT)
-            while True:
-                time.sleep(0.05)
-
-        @uniflow.workflow()
-        def wf():
-            return concurrent.batch_run([concurrent.new_callable(spin, i) for i in range(2)]).get()
-
-        ctx = uniflow.Context(reporter=Reporter())
-        try:
-            ctx.run(wf)
-        finally:
-            with open(os.path.join({str(tmp_path)!r}, "run_id"), "w") as f:
-                f.write(ctx.last_run_id)
-    """))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
-    try:
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode != 0
+    returncode, err, run_id = _run_two_spinning_branches(tmp_path, """
+        if me == 1:
+            time.sleep(0.5)  # the workflow's thread is waiting on the batch by now
+            signal.pthread_kill(threading.get_ident(), signal.SIGINT)
+        while True:
+            time.sleep(0.05)
+    """, timeout=120)
+    assert returncode != 0
     assert b"KeyboardInterrupt" in err
-    run_id = (tmp_path / "run_id").read_text()
     assert RunStore(Storage()).load_run(run_id).state.value == "interrupted"
 
 
