@@ -66,26 +66,30 @@ class Ledger:
         hold it: the capacity check before it has already said whether it can ever fit.
         """
         waited = False
-        with self._cond:
-            while True:
-                booking = self._place(workers, request)
-                if booking is not None or not self._held:
-                    self._held[who] = booking or []
-                    break
-                if not waited:
-                    waited = True
-                    shape = ClusterShape.from_nodes(tuple(
-                        NodeShape(n.name, {k: max(0.0, v) for k, v in f.items()})
-                        for n, f in zip(self.shape.nodes, self._free(), strict=True)), "what is left")
-                    announce(
-                        f"{who} waits for room on the shared Ray cluster: it needs {workers} "
-                        f"worker(s) x {_describe_request(request)}, {shape.describe()} holds "
-                        f"{placeable(shape, request)}; held by {', '.join(sorted(self._held))}"
-                    )
-                self._cond.wait()
-        if waited:
-            announce(f"{who} has room on the shared Ray cluster now; dispatching")
+        # One try around all of it: whatever ends the hold early (a Ctrl-C while the room is
+        # announced, say) still gives the booking back.
         try:
+            with self._cond:
+                while True:
+                    booking = self._place(workers, request)
+                    if booking is not None or not self._held:
+                        self._held[who] = booking or []
+                        break
+                    if not waited:
+                        waited = True
+                        shape = ClusterShape.from_nodes(tuple(
+                            NodeShape(n.name, {k: max(0.0, v) for k, v in f.items()})
+                            for n, f in zip(self.shape.nodes, self._free(), strict=True)),
+                            "what is left")
+                        announce(
+                            f"{who} waits for room on the shared Ray cluster: it needs "
+                            f"{workers} worker(s) x {_describe_request(request)}, "
+                            f"{shape.describe()} holds {placeable(shape, request)}; held by "
+                            f"{', '.join(sorted(self._held))}"
+                        )
+                    self._cond.wait()
+            if waited:
+                announce(f"{who} has room on the shared Ray cluster now; dispatching")
             yield
         finally:
             with self._cond:

@@ -1,0 +1,79 @@
+"""The ledger of room that concurrent branches book on a shared Ray cluster (no Ray needed)."""
+
+from __future__ import annotations
+
+import threading
+
+from michelangelo.uniflow.plugins.ray._capacity import ClusterShape, NodeShape
+from michelangelo.uniflow.plugins.ray._ledger import Ledger
+
+GIB = 1024.0 ** 3
+
+
+def _two_cpu_ledger() -> Ledger:
+    return Ledger(ClusterShape((NodeShape("worker", {"CPU": 2.0, "memory": 2.0 * GIB}),),
+                               "declared"))
+
+
+def test_a_branch_waits_for_room_and_books_it_once_the_holder_ends():
+    ledger = _two_cpu_ledger()
+    said: list[str] = []
+    waiting, booked, release = threading.Event(), threading.Event(), threading.Event()
+
+    def announce(message: str) -> None:
+        said.append(message)
+        waiting.set()
+
+    def second() -> None:
+        with ledger.hold("002-fit", 2, {"CPU": 1.0}, announce):
+            booked.set()
+            release.wait(30)
+
+    with ledger.hold("001-fit", 2, {"CPU": 1.0}, said.append):
+        assert ledger.free() == [{"CPU": 0.0, "memory": 2.0 * GIB}]
+        waiter = threading.Thread(target=second, daemon=True)
+        waiter.start()
+        assert waiting.wait(30)  # it says once why it waits, and what holds the room
+        assert not booked.is_set()
+    assert booked.wait(30)
+    assert said[0].startswith("002-fit waits for room on the shared Ray cluster")
+    assert "held by 001-fit" in said[0]
+    assert said[1] == "002-fit has room on the shared Ray cluster now; dispatching"
+    assert ledger.free() == [{"CPU": 0.0, "memory": 2.0 * GIB}]
+    release.set()
+    waiter.join(30)
+    assert ledger.free() == [{"CPU": 2.0, "memory": 2.0 * GIB}]
+
+
+def test_a_ctrl_c_as_the_room_is_announced_gives_the_booking_back():
+    """A Ctrl-C often lands where the console is written: here, as the waiter says that it
+    has room. Its booking is made by then; it must not outlive the branch, or every later
+    branch waits for room that nobody holds."""
+    ledger = _two_cpu_ledger()
+    raised: list[BaseException] = []
+    waiting = threading.Event()
+
+    def announce(message: str) -> None:
+        waiting.set()
+        if "has room" in message:
+            raise KeyboardInterrupt
+
+    def second() -> None:
+        try:
+            with ledger.hold("002-fit", 2, {"CPU": 1.0}, announce):
+                raise AssertionError("the block must not run")
+        except BaseException as error:  # noqa: BLE001 - the test reads what ended the hold
+            raised.append(error)
+
+    with ledger.hold("001-fit", 2, {"CPU": 1.0}, lambda message: None):
+        waiter = threading.Thread(target=second, daemon=True)
+        waiter.start()
+        assert waiting.wait(30)  # it waits for room
+    waiter.join(30)
+    assert not waiter.is_alive()
+    assert [type(e) for e in raised] == [KeyboardInterrupt]
+    assert ledger.free() == [{"CPU": 2.0, "memory": 2.0 * GIB}]
+    # ... so the next branch books at once, without waiting.
+    said: list[str] = []
+    with ledger.hold("003-fit", 2, {"CPU": 1.0}, said.append):
+        assert said == []
