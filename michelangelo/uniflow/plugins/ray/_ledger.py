@@ -20,6 +20,11 @@ from michelangelo.uniflow.plugins.ray._capacity import (
     placeable,
 )
 
+# A branch waiting for room wakes this often, so that an error raised in its thread (its task's
+# timeout, or the KeyboardInterrupt that stopping a run sends each branch) ends the wait even
+# while the holders keep the room: such an error is only raised when the thread runs again.
+_WAKE_S = 0.25
+
 
 class Ledger:
     """Resources booked by the Ray Train worker groups running on one cluster."""
@@ -87,7 +92,7 @@ class Ledger:
                             f"{shape.describe()} holds {placeable(shape, request)}; held by "
                             f"{', '.join(sorted(self._held))}"
                         )
-                    self._cond.wait()
+                    self._cond.wait(_WAKE_S)
             if waited:
                 announce(f"{who} has room on the shared Ray cluster now; dispatching")
             yield

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import threading
 
 from michelangelo.uniflow.plugins.ray._capacity import ClusterShape, NodeShape
@@ -77,3 +78,31 @@ def test_a_ctrl_c_as_the_room_is_announced_gives_the_booking_back():
     said: list[str] = []
     with ledger.hold("003-fit", 2, {"CPU": 1.0}, said.append):
         assert said == []
+
+
+def test_a_timeout_or_stop_ends_the_wait_for_room_while_the_room_is_still_held():
+    """A task's timeout and a run's stop reach a branch thread as an error raised in it (the
+    core's ``interrupt_thread``), which Python raises only once the thread runs again: a
+    branch waiting for room must wake by itself, not only when the holder ends."""
+    ledger = _two_cpu_ledger()
+    waiting = threading.Event()
+    raised: list[BaseException] = []
+
+    def second() -> None:
+        try:
+            with ledger.hold("002-fit", 2, {"CPU": 1.0}, lambda message: waiting.set()):
+                raise AssertionError("the block must not run")
+        except BaseException as error:  # noqa: BLE001 - the test reads what ended the hold
+            raised.append(error)
+
+    with ledger.hold("001-fit", 2, {"CPU": 1.0}, lambda message: None):
+        waiter = threading.Thread(target=second, daemon=True)
+        waiter.start()
+        assert waiting.wait(30)
+        assert ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(waiter.ident), ctypes.py_object(TimeoutError)) == 1
+        waiter.join(30)
+        assert not waiter.is_alive(), "the waiter still waits for room while it is held"
+        assert [type(e) for e in raised] == [TimeoutError]
+        assert ledger.free() == [{"CPU": 0.0, "memory": 2.0 * GIB}]  # only 001-fit's booking
+    assert ledger.free() == [{"CPU": 2.0, "memory": 2.0 * GIB}]
