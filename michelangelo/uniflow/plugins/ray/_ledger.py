@@ -71,14 +71,16 @@ class Ledger:
         hold it: the capacity check before it has already said whether it can ever fit.
         """
         waited = False
+        mine: list[tuple[int, dict[str, float]]] | None = None
         # One try around all of it: whatever ends the hold early (a Ctrl-C while the room is
-        # announced, say) still gives the booking back.
+        # announced, say) still gives the booking back, and only this hold's booking.
         try:
             with self._cond:
                 while True:
                     booking = self._place(workers, request)
                     if booking is not None or not self._held:
-                        self._held[who] = booking or []
+                        mine = booking or []
+                        self._held[who] = mine
                         break
                     if not waited:
                         waited = True
@@ -98,5 +100,6 @@ class Ledger:
             yield
         finally:
             with self._cond:
-                self._held.pop(who, None)
+                if mine is not None and self._held.get(who) is mine:
+                    del self._held[who]
                 self._cond.notify_all()

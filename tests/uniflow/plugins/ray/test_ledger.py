@@ -106,3 +106,30 @@ def test_a_timeout_or_stop_ends_the_wait_for_room_while_the_room_is_still_held()
         assert [type(e) for e in raised] == [TimeoutError]
         assert ledger.free() == [{"CPU": 0.0, "memory": 2.0 * GIB}]  # only 001-fit's booking
     assert ledger.free() == [{"CPU": 2.0, "memory": 2.0 * GIB}]
+
+
+def test_a_hold_that_ends_before_it_books_leaves_a_booking_of_the_same_name_alone():
+    """Two holds can share a name: a task that runs two fits in threads of its own (with its
+    context copied into them) books both under its call id. The second one, stopped while it
+    waits, must not give back the room that the first one still holds."""
+    ledger = _two_cpu_ledger()
+    waiting = threading.Event()
+    raised: list[BaseException] = []
+
+    def second() -> None:
+        try:
+            with ledger.hold("a Ray Train fit", 2, {"CPU": 1.0}, lambda message: waiting.set()):
+                raise AssertionError("the block must not run")
+        except BaseException as error:  # noqa: BLE001 - the test reads what ended the hold
+            raised.append(error)
+
+    with ledger.hold("a Ray Train fit", 2, {"CPU": 1.0}, lambda message: None):
+        waiter = threading.Thread(target=second, daemon=True)
+        waiter.start()
+        assert waiting.wait(30)
+        assert ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(waiter.ident), ctypes.py_object(KeyboardInterrupt)) == 1
+        waiter.join(30)
+        assert [type(e) for e in raised] == [KeyboardInterrupt]
+        assert ledger.free() == [{"CPU": 0.0, "memory": 2.0 * GIB}]  # still the first one's
+    assert ledger.free() == [{"CPU": 2.0, "memory": 2.0 * GIB}]
