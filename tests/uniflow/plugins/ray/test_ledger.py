@@ -5,6 +5,8 @@ from __future__ import annotations
 import ctypes
 import threading
 
+import pytest
+
 from michelangelo.uniflow.plugins.ray._capacity import ClusterShape, NodeShape
 from michelangelo.uniflow.plugins.ray._ledger import Ledger
 
@@ -46,12 +48,28 @@ def test_a_branch_waits_for_room_and_books_it_once_the_holder_ends():
     assert ledger.free() == [{"CPU": 2.0, "memory": 2.0 * GIB}]
 
 
-def test_a_ctrl_c_as_the_room_is_announced_gives_the_booking_back():
-    """A Ctrl-C often lands where the console is written: here, as the waiter says that it
-    has room. Its booking is made by then; it must not outlive the branch, or every later
-    branch waits for room that nobody holds."""
-    ledger = _two_cpu_ledger()
+def _start_waiter(ledger: Ledger, name: str, announce) -> tuple[threading.Thread, list]:
+    """A thread whose hold as ``name`` must end in an error before its block runs; the
+    returned list gets that error."""
     raised: list[BaseException] = []
+
+    def hold() -> None:
+        try:
+            with ledger.hold(name, 2, {"CPU": 1.0}, announce):
+                raise AssertionError("the block must not run")
+        except BaseException as error:  # noqa: BLE001 - the test reads what ended the hold
+            raised.append(error)
+
+    thread = threading.Thread(target=hold, daemon=True)
+    thread.start()
+    return thread, raised
+
+
+def test_a_ctrl_c_as_the_room_is_announced_gives_the_booking_back():
+    """An error raised in a branch (its task's timeout, a run's stop) can land on any line:
+    here, as the waiter says that it has room. Its booking is made by then; it must not
+    outlive the hold, or every later fit waits for room that nobody holds."""
+    ledger = _two_cpu_ledger()
     waiting = threading.Event()
 
     def announce(message: str) -> None:
@@ -59,16 +77,8 @@ def test_a_ctrl_c_as_the_room_is_announced_gives_the_booking_back():
         if "has room" in message:
             raise KeyboardInterrupt
 
-    def second() -> None:
-        try:
-            with ledger.hold("002-fit", 2, {"CPU": 1.0}, announce):
-                raise AssertionError("the block must not run")
-        except BaseException as error:  # noqa: BLE001 - the test reads what ended the hold
-            raised.append(error)
-
     with ledger.hold("001-fit", 2, {"CPU": 1.0}, lambda message: None):
-        waiter = threading.Thread(target=second, daemon=True)
-        waiter.start()
+        waiter, raised = _start_waiter(ledger, "002-fit", announce)
         assert waiting.wait(30)  # it waits for room
     waiter.join(30)
     assert not waiter.is_alive()
@@ -80,56 +90,26 @@ def test_a_ctrl_c_as_the_room_is_announced_gives_the_booking_back():
         assert said == []
 
 
-def test_a_timeout_or_stop_ends_the_wait_for_room_while_the_room_is_still_held():
-    """A task's timeout and a run's stop reach a branch thread as an error raised in it (the
-    core's ``interrupt_thread``), which Python raises only once the thread runs again: a
-    branch waiting for room must wake by itself, not only when the holder ends."""
+@pytest.mark.parametrize(("name", "error"), [
+    # A task's timeout reaches a branch thread as an error raised in it (the core's
+    # interrupt_thread), which Python raises only once the thread runs again: a branch
+    # waiting for room must wake by itself, not only when the holder ends.
+    ("002-fit", TimeoutError),
+    # Two holds can share a name: a task that runs two fits in threads of its own (with its
+    # context copied into them) books both under its call id. The second one, stopped while
+    # it waits, must not give back the room that the first one still holds.
+    ("001-fit", KeyboardInterrupt),
+], ids=["a-timeout-ends-the-wait", "a-stopped-hold-of-the-same-name"])
+def test_an_error_raised_in_a_waiting_branch_ends_its_wait_and_only_its_hold(name, error):
     ledger = _two_cpu_ledger()
     waiting = threading.Event()
-    raised: list[BaseException] = []
-
-    def second() -> None:
-        try:
-            with ledger.hold("002-fit", 2, {"CPU": 1.0}, lambda message: waiting.set()):
-                raise AssertionError("the block must not run")
-        except BaseException as error:  # noqa: BLE001 - the test reads what ended the hold
-            raised.append(error)
-
     with ledger.hold("001-fit", 2, {"CPU": 1.0}, lambda message: None):
-        waiter = threading.Thread(target=second, daemon=True)
-        waiter.start()
+        waiter, raised = _start_waiter(ledger, name, lambda message: waiting.set())
         assert waiting.wait(30)
         assert ctypes.pythonapi.PyThreadState_SetAsyncExc(
-            ctypes.c_ulong(waiter.ident), ctypes.py_object(TimeoutError)) == 1
+            ctypes.c_ulong(waiter.ident), ctypes.py_object(error)) == 1
         waiter.join(30)
         assert not waiter.is_alive(), "the waiter still waits for room while it is held"
-        assert [type(e) for e in raised] == [TimeoutError]
+        assert [type(e) for e in raised] == [error]
         assert ledger.free() == [{"CPU": 0.0, "memory": 2.0 * GIB}]  # only 001-fit's booking
-    assert ledger.free() == [{"CPU": 2.0, "memory": 2.0 * GIB}]
-
-
-def test_a_hold_that_ends_before_it_books_leaves_a_booking_of_the_same_name_alone():
-    """Two holds can share a name: a task that runs two fits in threads of its own (with its
-    context copied into them) books both under its call id. The second one, stopped while it
-    waits, must not give back the room that the first one still holds."""
-    ledger = _two_cpu_ledger()
-    waiting = threading.Event()
-    raised: list[BaseException] = []
-
-    def second() -> None:
-        try:
-            with ledger.hold("a Ray Train fit", 2, {"CPU": 1.0}, lambda message: waiting.set()):
-                raise AssertionError("the block must not run")
-        except BaseException as error:  # noqa: BLE001 - the test reads what ended the hold
-            raised.append(error)
-
-    with ledger.hold("a Ray Train fit", 2, {"CPU": 1.0}, lambda message: None):
-        waiter = threading.Thread(target=second, daemon=True)
-        waiter.start()
-        assert waiting.wait(30)
-        assert ctypes.pythonapi.PyThreadState_SetAsyncExc(
-            ctypes.c_ulong(waiter.ident), ctypes.py_object(KeyboardInterrupt)) == 1
-        waiter.join(30)
-        assert [type(e) for e in raised] == [KeyboardInterrupt]
-        assert ledger.free() == [{"CPU": 0.0, "memory": 2.0 * GIB}]  # still the first one's
     assert ledger.free() == [{"CPU": 2.0, "memory": 2.0 * GIB}]
