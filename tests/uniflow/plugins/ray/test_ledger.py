@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import ctypes
 import threading
 
 import pytest
 
+from michelangelo.uniflow.core._timeout import interrupt_thread
 from michelangelo.uniflow.plugins.ray._capacity import ClusterShape, NodeShape
 from michelangelo.uniflow.plugins.ray._ledger import Ledger
 
@@ -91,9 +91,9 @@ def test_a_ctrl_c_as_the_room_is_announced_gives_the_booking_back():
 
 
 @pytest.mark.parametrize(("name", "error"), [
-    # A task's timeout reaches a branch thread as an error raised in it (the core's
-    # interrupt_thread), which Python raises only once the thread runs again: a branch
-    # waiting for room must wake by itself, not only when the holder ends.
+    # A task's timeout reaches a branch thread as an error raised in it (interrupt_thread),
+    # which Python raises only once the thread runs again: a branch waiting for room must
+    # wake by itself, not only when the holder ends.
     ("002-fit", TimeoutError),
     # Two holds can share a name: a task that runs two fits in threads of its own (with its
     # context copied into them) books both under its call id. The second one, stopped while
@@ -106,8 +106,7 @@ def test_an_error_raised_in_a_waiting_branch_ends_its_wait_and_only_its_hold(nam
     with ledger.hold("001-fit", 2, {"CPU": 1.0}, lambda message: None):
         waiter, raised = _start_waiter(ledger, name, lambda message: waiting.set())
         assert waiting.wait(30)
-        assert ctypes.pythonapi.PyThreadState_SetAsyncExc(
-            ctypes.c_ulong(waiter.ident), ctypes.py_object(error)) == 1
+        assert interrupt_thread(waiter.ident, error)  # what a timeout or a stop does
         waiter.join(30)
         assert not waiter.is_alive(), "the waiter still waits for room while it is held"
         assert [type(e) for e in raised] == [error]
