@@ -6,7 +6,8 @@ import contextlib
 import ctypes
 import signal
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 from michelangelo.uniflow.core.errors import TaskTimeoutError
 
@@ -47,6 +48,27 @@ def interrupt_thread(thread_id: int, error: type[BaseException]) -> bool:
     done = ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id),
                                                       ctypes.py_object(error))
     return done == 1
+
+
+# An error raised in a thread (a task's timeout, the KeyboardInterrupt that stopping a run sends
+# each branch) only fires once that thread runs Python again, and so does a Ctrl-C that the
+# kernel handed to another thread of the process. A wait that must end on either wakes this often.
+WAKE_S = 0.25
+
+
+def wait_awake(wait: Callable[[float], bool], timeout: float | None = None) -> bool:
+    """Call ``wait`` (an Event's or a Condition's ``wait``) in slices of :data:`WAKE_S`.
+
+    Returns True as soon as one slice does (set, or notified), False once ``timeout`` passes;
+    with no timeout it waits until then, however long, while staying interruptible.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        left = WAKE_S if deadline is None else min(WAKE_S, deadline - time.monotonic())
+        if left <= 0:
+            return False
+        if wait(left):
+            return True
 
 
 @contextlib.contextmanager

@@ -39,7 +39,7 @@ from michelangelo.uniflow.core._run import (
 )
 from michelangelo.uniflow.core._runtime import current_call
 from michelangelo.uniflow.core._storage import ENV_STORAGE_URL, Storage, storage_url
-from michelangelo.uniflow.core._timeout import interrupt_thread
+from michelangelo.uniflow.core._timeout import interrupt_thread, wait_awake
 
 __all__ = [
     "ENV_STORAGE_URL",
@@ -67,5 +67,6 @@ __all__ = [
     "register_plugin",
     "register_run_option",
     "resolve_futures",
+    "wait_awake",
     "storage_url",
 ]

@@ -31,6 +31,7 @@ from michelangelo.uniflow.core.plugin import (
     interrupt_thread,
     prefixed,
     resolve_futures,
+    wait_awake,
 )
 
 T = TypeVar("T")
@@ -259,23 +260,11 @@ class _Batch:
             branch.thread.join(max(0.0, deadline - time.monotonic()))
 
 
-# A wait of the workflow's thread is cut into slices. The kernel may hand a Ctrl-C to any thread
-# of the process (a branch thread inside Ray's C++ calls, say): Python then only marks the signal,
-# and the main thread raises KeyboardInterrupt once its wait returns, which an unbounded wait on
-# a branch that runs forever never does.
-_WAIT_SLICE_S = 0.25
-
-
 def _wait(event: threading.Event, timeout: float | None) -> bool:
-    """``event.wait(timeout)`` in slices, so that signals reach the waiting thread."""
-    deadline = None if timeout is None else time.monotonic() + timeout
-    while True:
-        left = _WAIT_SLICE_S if deadline is None else min(_WAIT_SLICE_S,
-                                                          deadline - time.monotonic())
-        if left <= 0:
-            return event.is_set()
-        if event.wait(left):
-            return True
+    """``event.wait(timeout)``, awake: the kernel may hand a Ctrl-C to any thread of the process
+    (a branch thread inside Ray's C++ calls, say), and the workflow's thread only raises it once
+    its wait returns, which an unbounded wait on a branch that runs forever never does."""
+    return wait_awake(event.wait, timeout) or event.is_set()
 
 
 def _execute(run: Run | None, branch: _Branch) -> Any:

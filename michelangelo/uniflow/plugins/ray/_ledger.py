@@ -13,17 +13,13 @@ import contextlib
 import threading
 from collections.abc import Callable, Iterator, Mapping
 
+from michelangelo.uniflow.core.plugin import wait_awake
 from michelangelo.uniflow.plugins.ray._capacity import (
     ClusterShape,
     NodeShape,
     _describe_request,
     placeable,
 )
-
-# A branch waiting for room wakes this often, so that an error raised in its thread (its task's
-# timeout, or the KeyboardInterrupt that stopping a run sends each branch) ends the wait even
-# while the holders keep the room: such an error is only raised when the thread runs again.
-_WAKE_S = 0.25
 
 
 class Ledger:
@@ -94,7 +90,9 @@ class Ledger:
                             f"{shape.describe()} holds {placeable(shape, request)}; held by "
                             f"{', '.join(sorted(self._held))}"
                         )
-                    self._cond.wait(_WAKE_S)
+                    # Awake, so that an error raised in this thread (its task's timeout, or
+                    # a stop) ends the wait while the holders keep the room.
+                    wait_awake(self._cond.wait)
             if waited:
                 announce(f"{who} has room on the shared Ray cluster now; dispatching")
             yield
