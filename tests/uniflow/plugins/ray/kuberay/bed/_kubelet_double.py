@@ -382,6 +382,7 @@ class KubeletDouble:
         if not record.restart_at:
             _end_processes(lambda p: os.getsid(p.pid) == proc.pid)
             record.restarts += 1
+            self._tell_crash(record, container.name, proc.returncode)
             record.restart_at = now + min(5.0 * 2 ** (record.restarts - 1), 60.0)
             record.ready = False
         elif now >= record.restart_at:
@@ -397,6 +398,15 @@ class KubeletDouble:
             return
         self._patch(pod, record, "Running", False, state, f"crash{record.restarts}",
                     last=last, restarts=record.restarts)
+
+    def _tell_crash(self, record: _PodProcess, container: str, code: int | None) -> None:
+        # Where a kubectl user would read `kubectl logs --previous`: the test's captured
+        # stderr, shown when it fails (the log folder goes when the double stops).
+        with open(record.log, errors="replace") as handle:
+            tail = handle.read().splitlines()[-40:]
+        sys.stderr.write(f"kubelet double: container {container} of pod {record.name} exited "
+                         f"with {code} (restart {record.restarts}); the end of its log:\n"
+                         + "\n".join(tail) + "\n")
 
     def _probe(self, pod: Any, record: _PodProcess) -> None:
         probe = pod.spec.containers[0].readiness_probe
