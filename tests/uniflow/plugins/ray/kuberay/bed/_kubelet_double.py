@@ -402,8 +402,7 @@ class KubeletDouble:
     def _tell_crash(self, record: _PodProcess, container: str, code: int | None) -> None:
         # Where a kubectl user would read `kubectl logs --previous`: the test's captured
         # stderr, shown when it fails (the log folder goes when the double stops).
-        with open(record.log, errors="replace") as handle:
-            tail = handle.read().splitlines()[-40:]
+        tail = self.pod_log(record.name).splitlines()[-40:]
         sys.stderr.write(f"kubelet double: container {container} of pod {record.name} exited "
                          f"with {code} (restart {record.restarts}); the end of its log:\n"
                          + "\n".join(tail) + "\n")
