@@ -178,6 +178,13 @@ def check_holds(task: RayTask, live: ClusterShape, *, where: str, fix: str) -> N
         )
 
 
+def free_now(scaling_config: Any) -> bool:
+    """Whether the live cluster's free resources can place every worker right now."""
+    workers, request = worker_request(scaling_config)
+    return workers == 0 or placeable(ClusterShape.from_live_cluster(available=True),
+                                     request) >= workers
+
+
 def wait_until_free(scaling_config: Any, *, timeout_s: float, poll_s: float = 0.5) -> None:
     """Wait until the live cluster has enough *free* resources for the workers.
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -29,8 +30,13 @@ class RayCluster:
         """Bring the head up and connect this driver to it (worker nodes may lag)."""
         raise NotImplementedError
 
-    def wait_for_nodes(self, timeout_s: float) -> None:
-        """Block until every declared node has joined, or raise ``ClusterError``."""
+    def wait_for_nodes(self, timeout_s: float,
+                       enough: Callable[[], bool] | None = None) -> None:
+        """Block until every declared node has joined, or raise ``ClusterError``.
+
+        ``enough``, when given, is asked as nodes join: once it says True the wait ends
+        with the rest still joining (Ray Train workers that can already be placed).
+        """
         raise NotImplementedError
 
     def shutdown(self) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from michelangelo.uniflow.plugins.ray._capacity import ClusterShape, check_holds
 from michelangelo.uniflow.plugins.ray._cluster import ClusterState, RayCluster
 from michelangelo.uniflow.plugins.ray._config import RayTask
@@ -38,7 +40,8 @@ class ExistingRayCluster(RayCluster):
     def shape(self) -> ClusterShape:
         return ClusterShape.from_ray_task(self.task)
 
-    def wait_for_nodes(self, timeout_s: float) -> None:
+    def wait_for_nodes(self, timeout_s: float,
+                       enough: Callable[[], bool] | None = None) -> None:
         return None  # the check in start() already saw every node
 
     def shutdown(self) -> None:

@@ -19,6 +19,7 @@ from michelangelo.uniflow.core import current_call
 from michelangelo.uniflow.plugins.ray._capacity import (
     check_fits,
     current_shape,
+    free_now,
     wait_until_free,
     worker_request,
 )
@@ -71,7 +72,9 @@ def dispatching(scaling_config: Any, datasets: Any = None) -> Iterator[None]:
         warn_if_data_starves(scaling_config, shape)
     cluster = _CLUSTER.get()
     if cluster is not None:
-        cluster.wait_for_nodes(node_wait_s())
+        # Nodes still joining in the background are waited for only while the workers
+        # cannot be placed without them.
+        cluster.wait_for_nodes(node_wait_s(), enough=lambda: free_now(scaling_config))
     workers, request = worker_request(scaling_config)
     ledger = _LEDGER.get()
     if ledger is None or workers == 0:

@@ -18,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from michelangelo.uniflow.core.errors import ClusterError
@@ -276,7 +277,8 @@ class LocalRayCluster(RayCluster):
             f"with:\n{_tail(self._logs[0])}"
         )
 
-    def wait_for_nodes(self, timeout_s: float) -> None:
+    def wait_for_nodes(self, timeout_s: float,
+                       enough: Callable[[], bool] | None = None) -> None:
         import ray
 
         expected = 1 + self.task.worker_instances
@@ -289,7 +291,7 @@ class LocalRayCluster(RayCluster):
                         f"{proc.returncode}; its log ends with:\n{_tail(self._logs[index])}"
                     )
             alive = sum(1 for node in ray.nodes() if node.get("Alive"))
-            if alive >= expected:
+            if alive >= expected or (enough is not None and enough()):
                 return
             if time.monotonic() > deadline:
                 raise ClusterError(

@@ -345,3 +345,37 @@ def test_a_worker_that_times_out_registering_is_started_again(tmp_path):
         cluster.shutdown()
     assert tries.read_text().count("start") == 2
     assert not ray.is_initialized()
+
+
+def _alive_nodes(config):
+    return sum(1 for node in ray.nodes() if node["Alive"])
+
+
+def test_a_fit_that_fits_does_not_wait_for_nodes_still_joining(tmp_path, monkeypatch):
+    """Worker nodes join in the background; a Ray Train fit whose workers can already be
+    placed starts without waiting for the rest (here a worker node that takes minutes)."""
+    from michelangelo.uniflow.plugins.ray import LocalRayCluster
+
+    real = os.path.join(os.path.dirname(sys.executable), "ray")
+    ray_double = tmp_path / "ray-with-a-slow-worker-node"
+    # A stand-in for `ray`: the head is Ray; a worker node waits 10 minutes, then is Ray.
+    ray_double.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        case " $* " in
+            *" --head "*) exec "{real}" "$@" ;;
+        esac
+        sleep 600
+        exec "{real}" "$@"
+        """))
+    ray_double.chmod(0o755)
+    monkeypatch.setattr(LocalRayCluster, "ray_command", str(ray_double))
+
+    @uniflow.task(config=RayTask(head_cpu=1, head_memory="1Gi", worker_cpu=1,
+                                 worker_memory="1Gi", worker_instances=1))
+    def fit_on_the_head() -> int:
+        trainer = TorchTrainer(_alive_nodes, scaling_config=ScalingConfig(
+            num_workers=1, resources_per_worker={"CPU": 1}))
+        return trainer.fit().return_value
+
+    assert uniflow.Context(reporter=Reporter()).run(fit_on_the_head) == 1
+    assert not ray.is_initialized()

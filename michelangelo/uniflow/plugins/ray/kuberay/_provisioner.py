@@ -195,7 +195,8 @@ class KubeRayCluster(RayCluster):
             raise
         self.state = ClusterState.READY
 
-    def wait_for_nodes(self, timeout_s: float) -> None:
+    def wait_for_nodes(self, timeout_s: float,
+                       enough: Callable[[], bool] | None = None) -> None:
         return None  # start() returns only once every node is alive
 
     def shutdown(self) -> None:
