@@ -30,9 +30,6 @@ from michelangelo.uniflow.plugins.ray._ports import free_port
 _HEAD_START_TIMEOUT_S = 120.0
 _NODE_START_TRIES = 3  # starts per node when Ray's registration time runs out
 _REGISTRATION_TIMEOUT = "timed out during startup"  # what `ray start` says after its 30 s
-# SIGTERM to SIGKILL. Worker nodes stop within about 1.4 s here; the head takes 3.5 s to stop
-# its dozen processes one by one, none of which keeps anything this cluster needs afterwards.
-_STOP_GRACE_S = 1.5
 _PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"  # Ray Train's switch, default on
 _USAGE_STATS_ENV = "RAY_USAGE_STATS_ENABLED"  # what `ray start --disable-usage-stats` sets
 
@@ -68,9 +65,6 @@ class LocalRayCluster(RayCluster):
         # its own RAY_AUTH_MODE (read when ray is imported; "disabled" unless set). The nodes
         # follow the driver so that it can connect: set RAY_AUTH_MODE=token to have both on.
         self._env["RAY_AUTH_MODE"] = os.environ.get("RAY_AUTH_MODE", "disabled")
-        # On SIGTERM a node drains through the GCS for up to 30 s by default; this cluster is
-        # removed whole, so there is nothing to drain to.
-        self._env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
         # Ray Train starts a preemption watcher actor per training, which polls the nodes' drain
         # state for spot or Kubernetes node loss. Processes on this machine are not preempted,
         # and the watcher's process start takes CPU from the training workers' start.
@@ -340,16 +334,17 @@ class LocalRayCluster(RayCluster):
         if getattr(self, "_set_usage_stats", False):
             os.environ.pop(_USAGE_STATS_ENV, None)
             self._set_usage_stats = False
-        # Workers first, then the head. SIGTERM lets `ray start --block` drain; the cluster is
-        # ours alone and about to vanish, so a short grace is enough before SIGKILL.
+        # SIGKILL at once, workers first. The cluster is this run's alone and the driver has
+        # disconnected: no node keeps anything the run needs (its logs are copied as each
+        # task ends, its temp dir goes next), and there is no other node to drain to. A
+        # SIGTERM first only made the run wait: the head takes 3.5 s to stop its processes
+        # one by one. Ray worker processes put themselves in their own process groups but
+        # stay in their node's session, so everything in each node's session is ended.
         for proc in reversed(self._procs):
-            _signal_group(proc, signal.SIGTERM)
-        deadline = time.monotonic() + _STOP_GRACE_S
+            _signal_group(proc, signal.SIGKILL)
         for proc in reversed(self._procs):
             with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=max(0.05, deadline - time.monotonic()))
-        # Leftovers: Ray worker processes put themselves in their own process groups but stay
-        # in the node's session, so end everything in each node's session.
+                proc.wait(timeout=5)
         _kill_sessions({proc.pid for proc in self._procs})
         self._procs.clear()
         if getattr(self, "_temp_dir", None):
@@ -409,7 +404,11 @@ def _gone(proc: Any) -> bool:
     try:
         proc.wait(timeout=0)  # reaps a child of this process; polls any other
     except psutil.TimeoutExpired:
-        return False
+        # Exited but not yet reaped by its parent (often PID 1, on its own schedule): it holds
+        # no memory, files or ports any more.
+        with contextlib.suppress(psutil.Error):
+            return proc.status() == psutil.STATUS_ZOMBIE
+        return True
     except psutil.Error:
         return True
     return True
