@@ -404,11 +404,7 @@ def _gone(proc: Any) -> bool:
     try:
         proc.wait(timeout=0)  # reaps a child of this process; polls any other
     except psutil.TimeoutExpired:
-        # Exited but not yet reaped by its parent (often PID 1, on its own schedule): it holds
-        # no memory, files or ports any more.
-        with contextlib.suppress(psutil.Error):
-            return proc.status() == psutil.STATUS_ZOMBIE
-        return True
+        return False
     except psutil.Error:
         return True
     return True
