@@ -26,6 +26,7 @@ from michelangelo.uniflow.plugins.ray._cluster import ClusterState, RayCluster
 from michelangelo.uniflow.plugins.ray._config import RayTask
 from michelangelo.uniflow.plugins.ray._node_resources import node_resources
 from michelangelo.uniflow.plugins.ray._ports import free_port
+from michelangelo.uniflow.plugins.ray._reaper import adopting_orphans
 
 _HEAD_START_TIMEOUT_S = 120.0
 _NODE_START_TRIES = 3  # starts per node when Ray's registration time runs out
@@ -340,12 +341,14 @@ class LocalRayCluster(RayCluster):
         # SIGTERM first only made the run wait: the head takes 3.5 s to stop its processes
         # one by one. Ray worker processes put themselves in their own process groups but
         # stay in their node's session, so everything in each node's session is ended.
-        for proc in reversed(self._procs):
-            _signal_group(proc, signal.SIGKILL)
-        for proc in reversed(self._procs):
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=5)
-        _kill_sessions({proc.pid for proc in self._procs})
+        # Their orphans are this process's to reap meanwhile, rather than PID 1's (_reaper).
+        with adopting_orphans():
+            for proc in reversed(self._procs):
+                _signal_group(proc, signal.SIGKILL)
+            for proc in reversed(self._procs):
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=5)
+            _kill_sessions({proc.pid for proc in self._procs})
         self._procs.clear()
         if getattr(self, "_temp_dir", None):
             shutil.rmtree(self._temp_dir, ignore_errors=True)
