@@ -13,6 +13,14 @@ Arms (``--arms``, alternated in this order every round, one Ray session):
 - ``ours1``: ``ours`` with one worker.
 - ``plain``: one process, one torch thread, no Ray: ``pl.Trainer(...).fit()`` over
   ``DataLoader(TensorDataset(x, y), batch_size, shuffle=True)`` on the same rows.
+- ``warm``: not a product path but the floor a training could reach if its worker processes
+  were kept between trainings of a run: ``--workers`` Ray actors started once per benchmark
+  (torch and Lightning imported, one torch thread each, no CPUs reserved so they never starve
+  the other arms), each round a ``pl.Trainer`` with Lightning's own ``DDPStrategy`` (gloo,
+  ``LightningEnvironment``; the process group of the first round is kept) fits the same module
+  over ``DataLoader(TensorDataset(x, y), batch_size, shuffle=True)``, sharded by Lightning's
+  distributed sampler. No checkpoint is written or reported. The actors' start is printed once
+  and is not part of any round.
 
 All arms: the same module (an MLP on ``--features`` float32 features), the same rows
 (``--rows`` training rows, a tenth of that for validation; materialised Ray datasets for the
@@ -49,6 +57,7 @@ import logging
 import os
 import pstats
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -64,7 +73,8 @@ from torch import nn  # noqa: E402
 TARGET_THROUGHPUT = 1.5  # steady rows/s, ours / raw, at least
 TARGET_WALL = 0.8  # whole train() / fit() wall time, ours / raw, at most
 TARGET_ONE_WORKER = 1.5  # one worker: ours (factory to train end) / plain fit(), at most
-ARMS = ("ours", "stream", "raw", "ours1", "plain")
+ARMS = ("ours", "stream", "raw", "ours1", "plain", "warm")
+DEFAULT_ARMS = ("ours", "stream", "raw", "ours1", "plain")  # warm: ask for it (--arms)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -304,6 +314,8 @@ def summarize(records: list[dict], t_start: float, t_fit: float, t_end: float, w
     else:
         phases["return_to_driver_s"] = t_end - train_end
     summary["phases"] = phases
+    # Everything but the training loop: what a second training in a run pays again.
+    summary["fixed_s"] = summary["wall_s"] - phases["training_loop_s"]
     # Fresh worker processes only: when a pooled Ray worker was reused this is negative.
     if clock and "worker_group_start" in clock:
         summary["worker_process_start_after_group_start_s"] = (
@@ -340,6 +352,43 @@ def plain_fit(arrays: dict, args, trainer_kwargs: dict, model_kwargs: dict, tag:
     return summary
 
 
+def _warm_pool_class():
+    """The ``warm`` arm's worker: a Ray actor that keeps torch, Lightning and the process group
+    between fits (a measurement of the floor, not a product path)."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class WarmWorker:
+        def __init__(self) -> None:
+            torch.set_num_threads(1)  # what a 1-CPU Ray Train worker gets
+
+        def ready(self) -> float:
+            return time.time()
+
+        def fit(self, rank: int, world: int, port: int, arrays: dict, model_kwargs: dict,
+                trainer_kwargs: dict, batch_size: int, clock: BatchClock) -> None:
+            from pytorch_lightning.plugins.environments import LightningEnvironment
+            from pytorch_lightning.strategies import DDPStrategy
+            from torch.utils.data import DataLoader, TensorDataset
+
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                              WORLD_SIZE=str(world), NODE_RANK="0", LOCAL_RANK=str(rank))
+            model = create_bench_model(**model_kwargs)
+            train = DataLoader(TensorDataset(*map(torch.from_numpy, arrays["train"])),
+                               batch_size=batch_size, shuffle=True)
+            val = DataLoader(TensorDataset(*map(torch.from_numpy, arrays["val"])),
+                             batch_size=batch_size)
+            trainer = pl.Trainer(
+                accelerator="cpu", devices=world, num_nodes=1, logger=False,
+                strategy=DDPStrategy(process_group_backend="gloo",
+                                     cluster_environment=LightningEnvironment()),
+                enable_checkpointing=False, enable_model_summary=False, callbacks=[clock],
+                **trainer_kwargs)
+            trainer.fit(model, train_dataloaders=train, val_dataloaders=val)
+
+    return WarmWorker
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=40_000, help="training rows")
@@ -349,7 +398,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--num-shuffle-batches", type=int, default=10)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--pairs", type=int, default=3, help="rounds of the arms, alternated")
-    parser.add_argument("--arms", default=",".join(ARMS),
+    parser.add_argument("--arms", default=",".join(DEFAULT_ARMS),
                         help=f"comma-separated subset of {','.join(ARMS)}")
     parser.add_argument("--warmup", type=int, default=10, help="batches skipped per epoch")
     parser.add_argument("--warmup-runs", type=int, default=1,
@@ -494,6 +543,31 @@ def main(argv: list[str] | None = None) -> dict:
             records, clock = collect(tag, workers)
             return summarize(records, t_start, t_fit, t_end, args.warmup, clock=clock)
 
+        pool: dict = {}
+
+        def warm() -> dict:
+            if not pool:  # once per benchmark, outside every round
+                t0 = time.time()
+                actors = [_warm_pool_class().remote() for _ in range(workers)]
+                ray.get([a.ready.remote() for a in actors])
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", 0))
+                    pool.update(actors=actors, port=probe.getsockname()[1],
+                                arrays=ray.put(arrays))
+                print(f"  warm arm: {workers} worker processes up, torch and Lightning "
+                      f"imported, in {time.time() - t0:.1f} s (once, not in any round)",
+                      flush=True)
+            tag = new_tag("warm")
+            t_start = time.time()
+            calls = [actor.fit.remote(rank, workers, pool["port"], pool["arrays"], model_kwargs,
+                                      trainer_kwargs, args.batch_size, BatchClock(work, tag))
+                     for rank, actor in enumerate(pool["actors"])]
+            t_fit = time.time()
+            ray.get(calls)
+            t_end = time.time()
+            records, _ = collect(tag, workers)
+            return summarize(records, t_start, t_fit, t_end, args.warmup)
+
         arm_fns = {
             "ours": lambda: ours(workers),
             "stream": lambda: ours(workers, switch="0"),
@@ -501,6 +575,7 @@ def main(argv: list[str] | None = None) -> dict:
             "ours1": lambda: ours(1),
             "plain": lambda: plain_fit(arrays, args, trainer_kwargs, model_kwargs,
                                        new_tag("plain"), work),
+            "warm": warm,
         }
 
         # The first Train run of a session pays one-off costs (worker imports, the
@@ -567,6 +642,10 @@ def report(args, arms: list[str], runs: dict[str, list[dict]], workers: int) -> 
         print_table("median phases of the wall time (s)", ["phase", *ray_arms],
                     [[p, *[median([r["phases"].get(p, float("nan")) for r in runs[a]])
                            for a in ray_arms]] for p in names])
+        print_table("fixed cost: wall time minus the training loop (s)",
+                    ["arm", "median", "per round"],
+                    [[a, median([r["fixed_s"] for r in runs[a]]),
+                      " ".join(f"{r['fixed_s']:.2f}" for r in runs[a])] for a in ray_arms])
     results: dict = {"args": vars(args), "workers": workers, "arms": arms, "runs": runs,
                      "note": NOISE_NOTE, "ratios": {}, "targets": {
                          "throughput_ours_raw_min": TARGET_THROUGHPUT,
@@ -580,6 +659,9 @@ def report(args, arms: list[str], runs: dict[str, list[dict]], workers: int) -> 
         ("stream", "raw", "rows_per_s", None, "steady rows/s stream/raw", None, None),
         ("stream", "raw", "wall_s", None, "whole train() stream/raw", None, None),
         ("ours", "stream", "rows_per_s", None, "steady rows/s ours/stream", None, None),
+        ("ours", "warm", "fixed_s", None, "fixed cost ours/warm (kept worker processes)", None,
+         None),
+        ("ours", "warm", "rows_per_s", None, "steady rows/s ours/warm", None, None),
         ("ours1", "plain", "worker_fit_s", "fit_s",
          "one worker: ours (factory to train end) / plain fit()", TARGET_ONE_WORKER, "<="),
         ("ours1", "plain", "rows_per_s", None, "one worker: steady rows/s ours/plain", None,
