@@ -10,6 +10,10 @@ Each run is a fresh Python process (imports, Ray start and shutdown included), t
 alternate (sdk ray sdk ray ...) after one warm-up round of each that is not counted, and the
 table reports medians and the ratio sdk / ray. Nothing here asserts a time.
 
+Around each run ``_cpu.CpuMeter`` also counts the CPU-seconds the whole machine was busy and
+which kinds of process spent them, so a gap between the arms shows up as work done or as cores
+left idle.
+
     python bench/bench_quickstart.py --reps 3
 """
 
@@ -25,6 +29,7 @@ import tempfile
 import time
 
 from _common import NOISE_NOTE, alternate, load_average, median, print_table, write_results
+from _cpu import CpuMeter
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PORT = 8000  # the quickstart's own default port; both arms serve on it, one at a time
@@ -47,13 +52,15 @@ def _run(arm: str, command: list[str], env: dict[str, str]) -> dict:
             raise SystemExit(f"port {PORT} stays busy: stop what serves on it and run again")
         time.sleep(1)
     start = time.perf_counter()
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=1800, check=False)
+    with CpuMeter() as meter:
+        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                              timeout=1800, check=False)
     wall = time.perf_counter() - start
     if done.returncode != 0:
         sys.stderr.write(done.stdout[-4000:] + done.stderr[-4000:])
         raise SystemExit(f"{arm}: exited {done.returncode}")
-    return {"wall_s": wall, "load_average": load_average(), "stdout_tail": done.stdout[-2000:]}
+    return {"wall_s": wall, "load_average": load_average(), "stdout_tail": done.stdout[-2000:],
+            "cpu": meter.result()}
 
 
 def _last_run(storage: str) -> dict | None:
@@ -68,6 +75,21 @@ def _last_run(storage: str) -> dict | None:
     shown = subprocess.run([cli, "runs", "show", run_id], env=env, capture_output=True,
                            text=True, check=False).stdout
     return {"run": run_id, "show": shown}
+
+
+def _print_cpu(runs: dict[str, list[dict]]) -> None:
+    """Each arm's CPU-seconds (median) and, for its last round, the kinds that spent them."""
+    if not all(r["cpu"] for rows in runs.values() for r in rows):
+        return
+    print_table("CPU spent by the whole machine during each run, medians",
+                ["arm", "busy CPU-s", "mean busy cores"],
+                [[arm, median([r["cpu"]["busy_cpu_s"] for r in rows]),
+                  median([r["cpu"]["mean_busy_cores"] for r in rows])]
+                 for arm, rows in runs.items()])
+    for arm, rows in runs.items():
+        kinds = rows[-1]["cpu"]["by_kind_cpu_s"]
+        print(f"{arm}, last round, CPU-s by process kind: "
+              + ", ".join(f"{kind} {seconds}" for kind, seconds in kinds.items()))
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -105,6 +127,7 @@ def main(argv: list[str] | None = None) -> dict:
                 [["sdk (examples/quickstart/workflow.py)", sdk, len(runs["sdk"])],
                  ["ray (bench/handwritten_quickstart.py)", raw, len(runs["ray"])]])
     print(f"\nsdk / ray: {sdk / raw:.3f}  (target at most 0.8)")
+    _print_cpu(runs)
     print("hand-written phases (last round):", hand_phases[-1])
     last = _last_run(storage)
     if last is not None:
@@ -113,7 +136,8 @@ def main(argv: list[str] | None = None) -> dict:
     results = {"sdk_s": [r["wall_s"] for r in runs["sdk"]],
                "ray_s": [r["wall_s"] for r in runs["ray"]],
                "sdk_median_s": sdk, "ray_median_s": raw, "ratio": sdk / raw,
-               "hand_written_phases_s": hand_phases, "sdk_last_run": last}
+               "hand_written_phases_s": hand_phases, "sdk_last_run": last,
+               "cpu": {arm: [r["cpu"] for r in rows] for arm, rows in runs.items()}}
     write_results("bench_quickstart", results)
     return results
 
