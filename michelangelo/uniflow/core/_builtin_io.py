@@ -55,6 +55,21 @@ def _is_jsonable(value: Any, depth: int = 0) -> bool:
     return False
 
 
+def _json_summary(value: Any, width: int = 80) -> str:
+    """A short, whole description: a dict by its keys, a list by its length, else its repr.
+
+    A repr cut at ``width`` would end mid-value (an absolute path, say); a dict's keys say
+    what the task returned, and ``runs show`` points to the stored value for the rest.
+    """
+    if isinstance(value, dict):
+        text = f"dict: {', '.join(value)}" if value else "dict (empty)"
+    elif isinstance(value, list):
+        text = f"list of {len(value)}"
+    else:
+        text = repr(value)
+    return text if len(text) <= width else text[: width - 1] + "\u2026"
+
+
 class JsonIO(ValueIO):
     """None, numbers, strings, and lists/dicts of them: stored as readable JSON."""
 
@@ -66,8 +81,7 @@ class JsonIO(ValueIO):
     def write(self, value: Any, storage: Storage, folder: str) -> dict:
         data = json.dumps(value, sort_keys=True).encode()
         storage.write_bytes(posixpath.join(folder, "value.json"), data)
-        summary = repr(value)
-        return {"fingerprint": _sha(data), "summary": summary[:80]}
+        return {"fingerprint": _sha(data), "summary": _json_summary(value)}
 
     def read(self, storage: Storage, folder: str, meta: dict) -> Any:
         return json.loads(storage.read_bytes(posixpath.join(folder, "value.json")))

@@ -38,6 +38,32 @@ def test_context_run_returns_the_workflow_value_and_records_tasks():
     assert tasks[1].output["meta"]["summary"] == "7"
 
 
+@uniflow.task()
+def train_like(folder: str) -> dict:
+    return {"checkpoint_path": f"{folder}/checkpoint_000002", "path": folder,
+            "metrics": {"val_loss": 0.01}}
+
+
+@uniflow.task()
+def many(n: int) -> list:
+    return list(range(n))
+
+
+def test_summaries_stay_whole_a_dict_by_its_keys_a_list_by_its_length():
+    from michelangelo.uniflow.core._records import RunStore
+    from michelangelo.uniflow.core._storage import Storage
+
+    ctx = _ctx()
+    folder = "/root/.michelangelo/uniflow/runs/" + "x" * 120  # a repr would be cut mid-path
+    ctx.run(train_like, folder)
+    ctx2 = _ctx()
+    ctx2.run(many, 1000)
+    store = RunStore(Storage())
+    summary = store.load_tasks(ctx.last_run_id)[0].output["meta"]["summary"]
+    assert summary == "dict: checkpoint_path, path, metrics"
+    assert store.load_tasks(ctx2.last_run_id)[0].output["meta"]["summary"] == "list of 1000"
+
+
 class DataError(Exception):
     pass
 
