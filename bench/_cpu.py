@@ -37,16 +37,18 @@ def process_kind(cmdline: str) -> str:
         title = _METHOD.sub("", words[0][len("ray::"):])
         replica = title.rfind("ServeReplica:")
         return "ray::" + (title[replica:] if replica >= 0 else title)
-    for name in _NAMED:
-        if name in cmdline:
-            return name
+    script = None
     if "python" in os.path.basename(words[0]) and len(words) > 1:
         args = [w for w in words[1:] if not w.startswith("-")]
         script = os.path.basename(args[0]) if args else words[1]
-        if script == "ray" and len(args) > 1:  # the `ray start --block` of a local node
+        # The `ray start --block` of a local node, before the names below: its flags
+        # (--dashboard-port, ...) would otherwise file it under the dashboard.
+        if script == "ray" and len(args) > 1:
             return f"ray {args[1]}"
-        return "python " + script
-    return os.path.basename(words[0])
+    for name in _NAMED:
+        if name in cmdline:
+            return name
+    return "python " + script if script else os.path.basename(words[0])
 
 
 def _machine_ticks() -> tuple[int, int] | None:
