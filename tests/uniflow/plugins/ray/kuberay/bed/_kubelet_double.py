@@ -381,6 +381,11 @@ class KubeletDouble:
         now = time.monotonic()
         if not record.restart_at:
             _end_processes(lambda p: os.getsid(p.pid) == proc.pid)
+            # A restarted container starts from its image again, as a real runtime's does:
+            # nothing the last one wrote in its file system (Ray's session folders and
+            # sockets, its home) is there for the next start to trip over.
+            shutil.rmtree(record.temp_dir, ignore_errors=True)
+            os.makedirs(record.temp_dir)
             record.restarts += 1
             self._tell_crash(record, container.name, proc.returncode)
             record.restart_at = now + min(5.0 * 2 ** (record.restarts - 1), 60.0)
