@@ -548,6 +548,8 @@ def _run_apps(targets: list[Any]) -> None:
     """
     from ray import serve
 
+    from michelangelo.lib.serving._gateway import app_state
+
     serve.run_many(targets, wait_for_applications_running=False)
     client = serve_client()
     pending = [target.name for target in targets]
@@ -556,7 +558,7 @@ def _run_apps(targets: list[Any]) -> None:
             # One application's status from the controller: serve.status() would build the
             # whole instance's details (each router class pickled) four times a second.
             app = client.get_serve_status(name).app_status
-            status = str(getattr(app.status, "value", app.status))
+            status = app_state(app)
             if status == "NOT_STARTED":  # what the controller says of an unknown name
                 raise RuntimeError(f"application {name!r} went away while it was deploying")
             if status == "DEPLOY_FAILED":
