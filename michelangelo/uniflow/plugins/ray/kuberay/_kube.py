@@ -141,6 +141,14 @@ class KubeApi:
     def events(self, namespace: str) -> list[dict[str, Any]]:
         return self._dicts(self._call(self._core.list_namespaced_event, namespace).items)
 
+    def container_log(self, namespace: str, pod: str, container: str, *,
+                      previous: bool = False, tail_lines: int | None = None) -> str:
+        """What a container printed (``kubectl logs``); ``previous``: its last ended run."""
+        kwargs: dict[str, Any] = {"container": container, "previous": previous}
+        if tail_lines is not None:
+            kwargs["tail_lines"] = tail_lines
+        return self._call(self._core.read_namespaced_pod_log, pod, namespace, **kwargs)
+
     def service(self, name: str, namespace: str) -> dict[str, Any] | None:
         try:
             return self._client.sanitize_for_serialization(

@@ -49,6 +49,7 @@ FATAL_REASONS = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName",
 # A node may crash while its peers start (a worker racing its head): fatal only when it keeps
 # crashing.
 CRASH_LOOP_RESTARTS = 3
+CRASH_LOG_LINES = 25  # of a crashed container's last run, in the error that reports it
 
 
 @dataclass(frozen=True)
@@ -234,6 +235,7 @@ class KubeRayCluster(RayCluster):
                 raise ClusterError(
                     f"RayCluster {self.name!r} cannot start: {fatal}. Fix the image or the "
                     "RayTask's resources; the cluster is being deleted."
+                    + last_words(self.api, self.namespace, pods, hide=(self._token,))
                 )
             refused = refused_pods(obj, events)
             if refused:
@@ -397,6 +399,45 @@ def fatal_reason(pods: list[dict[str, Any]]) -> str | None:
             if reason == "CrashLoopBackOff" and cs.get("restartCount", 0) >= CRASH_LOOP_RESTARTS:
                 return f"{name}: CrashLoopBackOff after {cs['restartCount']} restarts: {message}"
     return None
+
+
+def _crashed_container(pods: list[dict[str, Any]]) -> tuple[str, str] | None:
+    """``(pod, container)`` of the first container that ran and ended for a reason
+    :func:`fatal_reason` gives up on (a crash loop, an out-of-memory kill)."""
+    for pod in pods:
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            last = (cs.get("lastState") or {}).get("terminated")
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            if last and (last.get("reason") == "OOMKilled"
+                         or waiting.get("reason") == "CrashLoopBackOff"):
+                return pod["metadata"]["name"], cs["name"]
+    return None
+
+
+def last_words(api: KubeApi, namespace: str, pods: list[dict[str, Any]], *,
+               hide: tuple[str | None, ...] = ()) -> str:
+    """The end of what a crashed container printed in its last run, for an error message.
+
+    What ``kubectl logs --previous`` shows, read before the cluster and its pods' logs are
+    deleted; any string in ``hide`` (a token) is masked. Empty when no container crashed.
+    """
+    found = _crashed_container(pods)
+    if found is None:
+        return ""
+    pod, container = found
+    try:
+        text = api.container_log(namespace, pod, container, previous=True,
+                                 tail_lines=CRASH_LOG_LINES)
+    except KubeError as exc:
+        return f" The crashed container's log could not be read: {exc}."
+    for secret in hide:
+        if secret:
+            text = text.replace(secret, "***")
+    lines = text.rstrip().splitlines()[-CRASH_LOG_LINES:]
+    if not lines:
+        return f" Container {container} of pod {pod} printed nothing before it ended."
+    return (f"\nThe last {len(lines)} lines container {container} of pod {pod} printed before "
+            "it ended (kubectl logs --previous):\n" + "\n".join("  " + line for line in lines))
 
 
 def events_about(api: KubeApi, namespace: str, pods: list[dict[str, Any]],

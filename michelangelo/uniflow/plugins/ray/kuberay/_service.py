@@ -28,6 +28,7 @@ from michelangelo.uniflow.plugins.ray.kuberay._provisioner import (
     DEADLINE_ENV,
     events_about,
     fatal_reason,
+    last_words,
     pending_reasons,
 )
 from michelangelo.uniflow.plugins.ray.provisioning import RayTask
@@ -239,7 +240,8 @@ def wait_for_service(api: KubeApi, name: str, namespace: str, *, deadline_s: flo
         fatal = fatal_reason(pods)
         if fatal:
             raise ClusterError(f"RayService {namespace}/{name} cannot start: {fatal}. Fix the "
-                               "image or the deploying task's RayTask.")
+                               "image or the deploying task's RayTask."
+                               + last_words(api, namespace, pods))
         line = service_status(obj) + (f" ({'; '.join(reasons)})" if reasons else "")
         if line != last:
             on_progress(line)

@@ -110,7 +110,7 @@ class KubeletDouble:
         self.errors: list[str] = []
 
     def start(self) -> KubeletDouble:
-        self.streaming = KubeletStreamingDouble(self._pod_ip).start()
+        self.streaming = KubeletStreamingDouble(self._pod_ip, self._container_log).start()
         # What a kubelet reports of itself: where the API server reaches its streaming server.
         for node in self.nodes:
             self._core.patch_node_status(node, {"status": {
@@ -128,6 +128,33 @@ class KubeletDouble:
             self._kill(pod)
         self._pods.clear()
         shutil.rmtree(self.log_dir, ignore_errors=True)  # the pods' logs, the wrapper
+
+    def _container_log(self, namespace: str, name: str, container: str,
+                       previous: bool) -> str:
+        """One run's output of ``container``: the current or last one, or with ``previous``
+        the one before a restart (see the streaming double for the kubelet's rules)."""
+        record = self._pods.get(name) if namespace == self.namespace else None
+        if record is None:
+            raise LookupError(f"pod {namespace}/{name} is not on this kubelet")
+        runs: list[tuple[str, list[str]]] = []
+        with open(record.log, errors="replace") as handle:
+            for line in handle:
+                if line.startswith("--- "):
+                    runs.append((line[4:].rstrip("\n"), []))
+                elif runs:
+                    runs[-1][1].append(line)
+        mine = [lines for who, lines in runs if who == container]
+        if not mine:
+            raise LookupError(f"container {container!r} in pod {name!r} is not available")
+        running = (record.proc is not None and record.proc.poll() is None
+                   and runs[-1][0] == container)
+        if previous:
+            ended = mine[:-1] if running else mine
+            if record.restarts == 0 or not ended:
+                raise ValueError(f"previous terminated container {container!r} in pod "
+                                 f"{name!r} not found")
+            return "".join(ended[-1])
+        return "".join(mine[-1])
 
     def _pod_ip(self, namespace: str, name: str) -> str | None:
         record = self._pods.get(name) if namespace == self.namespace else None

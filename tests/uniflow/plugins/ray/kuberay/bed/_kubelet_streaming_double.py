@@ -1,5 +1,6 @@
 """TEST DOUBLE of the kubelet's streaming server, at its boundary: ``/portForward/NS/POD``
-upgrade requests from the real API server in, TCP connections to the pod's address out.
+upgrade requests from the real API server in, TCP connections to the pod's address out; and
+``/containerLogs/NS/POD/CONTAINER``, what the API server proxies ``pods/log`` to.
 
 A real kubelet serves port-forward streams over HTTPS on its node's kubelet port; the API
 server finds that port in the Node's ``status.daemonEndpoints`` and proxies the client's
@@ -7,6 +8,12 @@ WebSocket to it unchanged. This double speaks the same WebSocket protocol
 (``v4.channel.k8s.io``: per port a data channel and an error channel, each opened with a frame
 naming the port) and connects to the pod's address (on the loopback device), which stands in
 for the pod's network namespace. Only one port per stream, which is what port-forward clients open.
+
+Logs follow the kubelet's ``getContainerLogs`` and ``validateContainerLogStatus``
+(pkg/kubelet/server/server.go, pkg/kubelet/kubelet_pods.go): ``previous=true`` reads the
+container's last ended run and is a 400 ``previous terminated container ... not found`` when
+it has none; ``tailLines`` keeps the last lines. ``follow``, ``sinceSeconds`` and
+``timestamps`` are not served (a 400 says so).
 """
 
 from __future__ import annotations
@@ -31,8 +38,12 @@ PROTOCOL = "v4.channel.k8s.io"
 class KubeletStreamingDouble:
     """HTTPS on 127.0.0.1:``port``; ``pod_ip(namespace, name)`` says where a pod lives."""
 
-    def __init__(self, pod_ip: Callable[[str, str], str | None]) -> None:
+    def __init__(self, pod_ip: Callable[[str, str], str | None],
+                 container_log: Callable[[str, str, str, bool], str] | None = None) -> None:
         self._pod_ip = pod_ip
+        # (namespace, pod, container, previous) -> the text; raises LookupError for a pod or
+        # container it does not run, ValueError for a run that does not exist.
+        self._container_log = container_log
         self.port = free_port()
         self.streams = 0  # port-forward streams that reached a pod
         self.errors: list[str] = []
@@ -53,6 +64,7 @@ class KubeletStreamingDouble:
         context.load_cert_chain(cert, key)
         app = web.Application()
         app.router.add_get("/portForward/{namespace}/{pod}", self._port_forward)
+        app.router.add_get("/containerLogs/{namespace}/{pod}/{container}", self._logs)
         self._thread.start()
         asyncio.run_coroutine_threadsafe(self._serve(app, context), self._loop).result(30)
         return self
@@ -68,6 +80,24 @@ class KubeletStreamingDouble:
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port, ssl_context=context).start()
+
+    async def _logs(self, request: web.Request) -> web.Response:
+        info, query = request.match_info, request.query
+        unsupported = [k for k in ("follow", "sinceSeconds", "sinceTime", "timestamps",
+                                   "limitBytes") if query.get(k) not in (None, "false")]
+        if self._container_log is None or unsupported:
+            return web.Response(status=400, text=f"not served by this double: {unsupported}")
+        try:
+            text = self._container_log(info["namespace"], info["pod"], info["container"],
+                                       query.get("previous") == "true")
+        except LookupError as exc:
+            return web.Response(status=404, text=str(exc))
+        except ValueError as exc:
+            return web.Response(status=400, text=str(exc))
+        if "tailLines" in query:
+            lines = text.splitlines(keepends=True)
+            text = "".join(lines[len(lines) - min(int(query["tailLines"]), len(lines)):])
+        return web.Response(text=text)
 
     async def _port_forward(self, request: web.Request) -> web.StreamResponse:
         namespace, pod = request.match_info["namespace"], request.match_info["pod"]

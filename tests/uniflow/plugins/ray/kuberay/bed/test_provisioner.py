@@ -204,6 +204,27 @@ def test_a_pod_the_kubelet_cannot_start_fails_at_once_with_its_reason(api, setti
     assert _wait_gone(api, cluster.name)
 
 
+def test_a_crash_looping_head_fails_with_the_end_of_its_last_log(api):
+    """A head whose ``ray start`` exits at once: after the restarts the provisioner allows,
+    the task fails with the reason and with what the head printed in its last run, read
+    through the API server (``kubectl logs --previous``) before the cluster and its pods'
+    logs are deleted."""
+    task = RayTask(head_cpu=1, head_memory="1Gi", worker_cpu=1, worker_memory="1Gi",
+                   worker_instances=1,
+                   runtime_env={"env_vars": {"RAY_OVERRIDE_RESOURCES": "{not json"}})
+    cluster, _ = _cluster(api, task, deadline_s=240)
+    try:
+        with pytest.raises(ClusterError, match="CrashLoopBackOff after 3 restarts") as info:
+            cluster.start()
+    finally:
+        cluster.shutdown()
+    message = str(info.value)
+    assert "kubectl logs --previous" in message and "JSONDecodeError" in message, message
+    assert message.index("the cluster is being deleted") < message.index("JSONDecodeError")
+    assert "was not ready within" not in message
+    assert _wait_gone(api, cluster.name)
+
+
 def test_server_side_dry_run_refuses_what_the_crd_rejects(api):
     from michelangelo.uniflow.core.errors import UserError
 
