@@ -385,6 +385,13 @@ class KubeRayCluster(RayCluster):
 
 def fatal_reason(pods: list[dict[str, Any]]) -> str | None:
     """The first reason a pod cannot become ready however long we wait, if any."""
+    fatal = _fatal(pods)
+    return fatal[0] if fatal else None
+
+
+def _fatal(pods: list[dict[str, Any]]) -> tuple[str, str, str | None] | None:
+    """``(reason, pod, container)`` for :func:`fatal_reason`; ``container`` is set only when
+    that container ran and ended (a crash loop, an out-of-memory kill), so it left a log."""
     for pod in pods:
         name = pod["metadata"]["name"]
         for cs in (pod.get("status") or {}).get("containerStatuses") or []:
@@ -392,25 +399,13 @@ def fatal_reason(pods: list[dict[str, Any]]) -> str | None:
             reason = waiting.get("reason", "")
             message = waiting.get("message", "")
             if reason in FATAL_REASONS:
-                return f"{name}: {reason}: {message}".rstrip(": ")
+                return f"{name}: {reason}: {message}".rstrip(": "), name, None
             last = (cs.get("lastState") or {}).get("terminated") or {}
             if last.get("reason") == "OOMKilled":
-                return f"{name}: OOMKilled (raise the RayTask's memory)"
+                return f"{name}: OOMKilled (raise the RayTask's memory)", name, cs["name"]
             if reason == "CrashLoopBackOff" and cs.get("restartCount", 0) >= CRASH_LOOP_RESTARTS:
-                return f"{name}: CrashLoopBackOff after {cs['restartCount']} restarts: {message}"
-    return None
-
-
-def _crashed_container(pods: list[dict[str, Any]]) -> tuple[str, str] | None:
-    """``(pod, container)`` of the first container that ran and ended for a reason
-    :func:`fatal_reason` gives up on (a crash loop, an out-of-memory kill)."""
-    for pod in pods:
-        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-            last = (cs.get("lastState") or {}).get("terminated")
-            waiting = (cs.get("state") or {}).get("waiting") or {}
-            if last and (last.get("reason") == "OOMKilled"
-                         or waiting.get("reason") == "CrashLoopBackOff"):
-                return pod["metadata"]["name"], cs["name"]
+                return (f"{name}: CrashLoopBackOff after {cs['restartCount']} restarts: "
+                        f"{message}", name, cs["name"])
     return None
 
 
@@ -419,12 +414,13 @@ def last_words(api: KubeApi, namespace: str, pods: list[dict[str, Any]], *,
     """The end of what a crashed container printed in its last run, for an error message.
 
     What ``kubectl logs --previous`` shows, read before the cluster and its pods' logs are
-    deleted; any string in ``hide`` (a token) is masked. Empty when no container crashed.
+    deleted; any string in ``hide`` (a token) is masked. Empty when the pod
+    :func:`fatal_reason` names has no container that ran and ended.
     """
-    found = _crashed_container(pods)
-    if found is None:
+    fatal = _fatal(pods)
+    if fatal is None or fatal[2] is None:
         return ""
-    pod, container = found
+    _, pod, container = fatal
     try:
         text = api.container_log(namespace, pod, container, previous=True,
                                  tail_lines=CRASH_LOG_LINES)
