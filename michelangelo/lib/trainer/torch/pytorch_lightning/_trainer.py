@@ -30,6 +30,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._ingest import (
     split_for_workers,
 )
 from michelangelo.lib.trainer.torch.pytorch_lightning._poll_interval import fast_polling
+from michelangelo.lib.trainer.torch.pytorch_lightning._process_group import for_controller
 from michelangelo.lib.trainer.torch.pytorch_lightning._sigint import restored_sigint
 from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start import (
     MetaModels,
@@ -93,6 +94,7 @@ class LightningTrainer(TorchTrainer):
             )
         scaling_config = scaling_config or ScalingConfig()
         run_config = run_config or RunConfig()
+        torch_config = for_controller(torch_config)
         self.trainer_param = trainer_param
         self._own_data_config = dataset_config is not None
         self._resolved = resolve_lightning_kwargs(trainer_param)
