@@ -13,6 +13,7 @@ handed to Ray's backend unchanged.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from typing import Any
 
@@ -28,10 +29,13 @@ from ray.train.constants import (
 )
 from ray.train.v2._internal.util import TrainingFramework
 
+logger = logging.getLogger(__name__)
+
 __all__ = ["ProcessGroupConfig", "for_controller"]
 
 _INIT_METHODS = ("env", "tcp")
-# Backends this module sets up itself; every other one goes to Ray's backend as it is.
+# Backends this module sets up itself; every other one (and None, which TorchTrainer always
+# fills in before a fit) goes to Ray's backend as it is.
 _OWN_BACKENDS = ("gloo", "nccl")
 
 
@@ -109,10 +113,10 @@ class _ProcessGroupBackend(Backend):
     share_cuda_visible_devices: bool = True
 
     def on_start(self, worker_group: Any, backend_config: ProcessGroupConfig) -> None:
-        backend = backend_config.backend or _default_backend(
-            worker_group.get_resources_per_worker())
+        backend = backend_config.backend
         if backend not in _OWN_BACKENDS:
-            return _ray_backend().on_start(worker_group, backend_config.as_torch_config())
+            _ray_backend().on_start(worker_group, backend_config.as_torch_config())
+            return
         addr, port = worker_group.execute_single(0, get_address_and_port)
         if backend_config.init_method == "tcp":
             url = f"tcp://{build_address(addr, port)}"
@@ -127,7 +131,6 @@ class _ProcessGroupBackend(Backend):
                 world_size=size, init_method=url, timeout_s=backend_config.timeout_s)
             for rank in range(size)
         ])
-        return None
 
     def on_shutdown(self, worker_group: Any, backend_config: ProcessGroupConfig) -> None:
         futures = worker_group.execute_async(_end_process_group,
@@ -137,18 +140,7 @@ class _ProcessGroupBackend(Backend):
         try:
             ray.get(futures, timeout=timeout_s)
         except GetTimeoutError:
-            import logging
-
-            logging.getLogger(__name__).warning(
-                "Torch process group shutdown timed out after %s seconds", timeout_s)
-
-
-def _default_backend(resources: dict[str, float]) -> str:
-    if resources.get("GPU", 0) > 0:
-        return "nccl"
-    if resources.get("TPU", 0) > 0:
-        return "tpu_dist"
-    return "gloo"
+            logger.warning("Torch process group shutdown timed out after %s seconds", timeout_s)
 
 
 def _ray_backend() -> Backend:
