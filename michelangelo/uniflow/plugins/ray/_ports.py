@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import socket
+import threading
 
 _RAY_WORKER_PORTS = (10002, 19999)
 
@@ -27,17 +28,33 @@ def _candidates(low: int, high: int) -> list[tuple[int, int]]:
     return spans or [(low, high)]
 
 
+def _binds(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+# Ports this process has handed out. A port is often bound minutes after we pick it (a Serve
+# proxy binds at deploy time), so "free right now" alone could hand the same port out twice.
+_handed_out: set[int] = set()
+_lock = threading.Lock()
+
+
 def free_port(low: int = _RAY_WORKER_PORTS[1] + 1, high: int = 65535, host: str = "127.0.0.1") -> int:
-    """A port free on ``host``, outside Ray's worker ports and the kernel's ephemeral range."""
+    """A port free on ``host`` and on every other address (a Ray agent given a port for its
+    node's address also binds it on loopback), outside Ray's worker ports and the kernel's
+    ephemeral range, and never handed out before by this process."""
     spans = _candidates(low, high)
     weights = [b - a + 1 for a, b in spans]
     for _ in range(200):
         a, b = random.choices(spans, weights=weights)[0]
         port = random.randint(a, b)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
+        with _lock:
+            if port in _handed_out or not (_binds(host, port) and _binds("", port)):
                 continue
-            return port
-    raise RuntimeError(f"no free port found on {host}")
+            _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free port between {low} and {high} on {host}")
