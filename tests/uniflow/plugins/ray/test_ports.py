@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import random
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -11,10 +14,10 @@ from michelangelo.uniflow.plugins.ray.provisioning import free_port
 
 
 def _free_block(width: int) -> int:
-    """The first port of ``width`` consecutive ports that are free now, below the kernel's
-    ephemeral range (where free_port draws)."""
+    """The first port of ``width`` consecutive ports that are free now, below Ray's worker
+    ports, where nothing draws unless told to (so no other test's draws land in it)."""
     for _ in range(200):
-        low = random.randint(20000, 32000 - width)
+        low = random.randint(3000, 9000 - width)
         held = []
         try:
             for port in range(low, low + width):
@@ -53,3 +56,51 @@ def test_a_port_held_on_loopback_is_not_free_for_another_address():
         held.bind(("127.0.0.1", port))
         with pytest.raises(RuntimeError, match="no free port"):
             free_port(low=port, high=port, host="127.0.0.2")
+
+
+# A process that draws every port of a range, prints them, and keeps its reservations until
+# its stdin closes.
+_DRAW_ALL = """
+import json, sys
+from michelangelo.uniflow.plugins.ray.provisioning import free_port
+low, high = int(sys.argv[1]), int(sys.argv[2])
+ports = []
+try:
+    while True:
+        ports.append(free_port(low=low, high=high))
+except RuntimeError:
+    pass
+print(json.dumps(ports), flush=True)
+sys.stdin.read()
+"""
+
+
+def _drawer(low: int, high: int) -> tuple[subprocess.Popen, list[int]]:
+    proc = subprocess.Popen([sys.executable, "-c", _DRAW_ALL, str(low), str(high)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    return proc, json.loads(proc.stdout.readline())
+
+
+def test_a_port_another_running_process_was_handed_is_not_handed_out_again():
+    # A test picks a Serve port, then runs `michelangelo run`, whose local cluster picks its
+    # own ports in another process before anything binds the first one.
+    low = _free_block(6)
+    other, theirs = _drawer(low, low + 5)
+    try:
+        assert sorted(theirs) == list(range(low, low + 6))
+        with pytest.raises(RuntimeError, match="no free port"):
+            free_port(low=low, high=low + 5)
+    finally:
+        other.stdin.close()
+        other.wait(timeout=30)
+
+
+def test_the_ports_of_a_process_that_ended_are_free_again():
+    low = _free_block(4)
+    first, ports = _drawer(low, low + 3)
+    first.stdin.close()
+    assert first.wait(timeout=30) == 0
+    second, again = _drawer(low, low + 3)
+    second.stdin.close()
+    second.wait(timeout=30)
+    assert sorted(ports) == sorted(again) == list(range(low, low + 4))
