@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import random
@@ -11,6 +10,11 @@ import socket
 import tempfile
 import threading
 from collections.abc import Iterator
+
+try:
+    import fcntl
+except ImportError:  # Windows: only this process's own ports are remembered
+    fcntl = None  # type: ignore[assignment]
 
 logger = logging.getLogger(__name__)
 
@@ -96,7 +100,10 @@ class _Reservations:
 
 
 def _reservations_folder() -> str | None:
-    folder = os.path.join(tempfile.gettempdir(), f"michelangelo-ports-{os.getuid()}")
+    if fcntl is None:
+        return None
+    user = os.getuid() if hasattr(os, "getuid") else os.getlogin()
+    folder = os.path.join(tempfile.gettempdir(), f"michelangelo-ports-{user}")
     try:
         os.makedirs(folder, mode=0o700, exist_ok=True)
     except OSError as exc:
