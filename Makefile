@@ -53,10 +53,10 @@ k8s-down:
 test: setup
 	@status=0; mkdir -p build; \
 	bash tools/build_kuberay_bed.sh >build/k8s-build.log 2>&1 & build=$$!; \
-	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider --ignore=tests/uniflow/plugins/ray/kuberay/bed \
+	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider --durations=15 --ignore=tests/uniflow/plugins/ray/kuberay/bed \
 	  || status=$$?; \
 	wait $$build || { status=1; tail -n 30 build/k8s-build.log; }; \
-	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider tests/uniflow/plugins/ray/kuberay/bed || status=$$?; \
+	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider --durations=15 tests/uniflow/plugins/ray/kuberay/bed || status=$$?; \
 	exit $$status
 
 bench: setup
