@@ -19,6 +19,8 @@ import time
 from collections import Counter
 from typing import Any
 
+from _common import median, print_table
+
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 # Ray titles its processes "ray::<Class>.<method>" or "ray::<Class>" (Serve replicas carry
 # "ServeReplica:<app>:<deployment>" somewhere in theirs). The method changes while an actor
@@ -129,3 +131,18 @@ class CpuMeter:
         return {"busy_cpu_s": round(busy, 1), "cores": os.cpu_count(),
                 "mean_busy_cores": round(busy / self._wall, 2) if self._wall else None,
                 "by_kind_cpu_s": kinds}
+
+
+def print_cpu(runs: dict[str, list[dict]]) -> None:
+    """Each arm's CPU-seconds (median) and, for its last round, the kinds that spent them."""
+    if not all(r["cpu"] for rows in runs.values() for r in rows):
+        return
+    print_table("CPU spent by the whole machine during each run, medians",
+                ["arm", "busy CPU-s", "mean busy cores"],
+                [[arm, median([r["cpu"]["busy_cpu_s"] for r in rows]),
+                  median([r["cpu"]["mean_busy_cores"] for r in rows])]
+                 for arm, rows in runs.items()])
+    for arm, rows in runs.items():
+        kinds = rows[-1]["cpu"]["by_kind_cpu_s"]
+        print(f"{arm}, last round, CPU-s by process kind: "
+              + ", ".join(f"{kind} {seconds}" for kind, seconds in kinds.items()))

@@ -29,7 +29,7 @@ import tempfile
 import time
 
 from _common import NOISE_NOTE, alternate, load_average, median, print_table, write_results
-from _cpu import CpuMeter
+from _cpu import CpuMeter, print_cpu
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PORT = 8000  # the quickstart's own default port; both arms serve on it, one at a time
@@ -77,21 +77,6 @@ def _last_run(storage: str) -> dict | None:
     return {"run": run_id, "show": shown}
 
 
-def _print_cpu(runs: dict[str, list[dict]]) -> None:
-    """Each arm's CPU-seconds (median) and, for its last round, the kinds that spent them."""
-    if not all(r["cpu"] for rows in runs.values() for r in rows):
-        return
-    print_table("CPU spent by the whole machine during each run, medians",
-                ["arm", "busy CPU-s", "mean busy cores"],
-                [[arm, median([r["cpu"]["busy_cpu_s"] for r in rows]),
-                  median([r["cpu"]["mean_busy_cores"] for r in rows])]
-                 for arm, rows in runs.items()])
-    for arm, rows in runs.items():
-        kinds = rows[-1]["cpu"]["by_kind_cpu_s"]
-        print(f"{arm}, last round, CPU-s by process kind: "
-              + ", ".join(f"{kind} {seconds}" for kind, seconds in kinds.items()))
-
-
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3, help="counted rounds of each arm")
@@ -127,7 +112,7 @@ def main(argv: list[str] | None = None) -> dict:
                 [["sdk (examples/quickstart/workflow.py)", sdk, len(runs["sdk"])],
                  ["ray (bench/handwritten_quickstart.py)", raw, len(runs["ray"])]])
     print(f"\nsdk / ray: {sdk / raw:.3f}  (target at most 0.8)")
-    _print_cpu(runs)
+    print_cpu(runs)
     print("hand-written phases (last round):", hand_phases[-1])
     last = _last_run(storage)
     if last is not None:

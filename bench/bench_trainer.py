@@ -39,6 +39,9 @@ train function start; model factory to ``fit`` start (ours: reading the shard in
 which includes the dataset split coordinator's start; raw: building the Trainer);
 ``fit`` start to first batch (raw: the split coordinator and first read happen here);
 training loop; teardown (report, worker group shutdown, return to the driver).
+Around each round ``_cpu.CpuMeter`` counts the CPU-seconds the machine was busy and which
+kinds of process spent them (the last round's, per Ray arm), so a fixed cost shows up as work
+done by new processes or as cores left idle.
 
 Targets: steady rows/s ours/raw >= 1.5; whole train() ours/raw <= 0.8; one worker: ours
 (model factory to train end, on the worker) / plain (``fit()``) <= 1.5.
@@ -68,6 +71,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pytorch_lightning as pl  # noqa: E402
 import torch  # noqa: E402
 from _common import NOISE_NOTE, median, print_table, write_results  # noqa: E402
+from _cpu import CpuMeter, print_cpu  # noqa: E402
 from torch import nn  # noqa: E402
 
 TARGET_THROUGHPUT = 1.5  # steady rows/s, ours / raw, at least
@@ -586,7 +590,9 @@ def main(argv: list[str] | None = None) -> dict:
 
         for i in range(args.pairs):
             for name in arms:
-                summary = arm_fns[name]()
+                with CpuMeter() as meter:
+                    summary = arm_fns[name]()
+                summary["cpu"] = meter.result()
                 runs[name].append(summary)
                 print(f"  round {i + 1} {name}: wall {summary['wall_s']:.1f} s, steady "
                       f"{summary['rows_per_s']:.0f} rows/s, val_loss {summary['val_loss']:.4f}",
@@ -646,6 +652,8 @@ def report(args, arms: list[str], runs: dict[str, list[dict]], workers: int) -> 
                     ["arm", "median", "per round"],
                     [[a, median([r["fixed_s"] for r in runs[a]]),
                       " ".join(f"{r['fixed_s']:.2f}" for r in runs[a])] for a in ray_arms])
+        # Where a round's CPU went (this process, the driver, is counted in the total only).
+        print_cpu({a: runs[a] for a in ray_arms})
     results: dict = {"args": vars(args), "workers": workers, "arms": arms, "runs": runs,
                      "note": NOISE_NOTE, "ratios": {}, "targets": {
                          "throughput_ours_raw_min": TARGET_THROUGHPUT,
