@@ -100,10 +100,9 @@ class _Reservations:
 
 
 def _reservations_folder() -> str | None:
-    if fcntl is None:
+    if fcntl is None:  # no file locks, and no os.getuid either
         return None
-    user = os.getuid() if hasattr(os, "getuid") else os.getlogin()
-    folder = os.path.join(tempfile.gettempdir(), f"michelangelo-ports-{user}")
+    folder = os.path.join(tempfile.gettempdir(), f"michelangelo-ports-{os.getuid()}")
     try:
         os.makedirs(folder, mode=0o700, exist_ok=True)
     except OSError as exc:
