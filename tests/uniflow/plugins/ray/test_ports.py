@@ -12,12 +12,18 @@ import pytest
 
 from michelangelo.uniflow.plugins.ray.provisioning import free_port
 
+# Ports of the blocks given out so far: this process may still hold reservations in them.
+_given: set[int] = set()
+
 
 def _free_block(width: int) -> int:
     """The first port of ``width`` consecutive ports that are free now, below Ray's worker
-    ports, where nothing draws unless told to (so no other test's draws land in it)."""
+    ports, where nothing draws unless told to (so no other test's draws land in it), and
+    apart from the blocks earlier tests here were given (their draws are still reserved)."""
     for _ in range(200):
         low = random.randint(3000, 9000 - width)
+        if _given.intersection(range(low, low + width)):
+            continue
         held = []
         try:
             for port in range(low, low + width):
@@ -29,6 +35,7 @@ def _free_block(width: int) -> int:
         finally:
             for sock in held:
                 sock.close()
+        _given.update(range(low, low + width))
         return low
     raise RuntimeError("no free block of ports")
 
