@@ -26,6 +26,14 @@ $(STAMP): pyproject.toml constraints.txt
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
+# The `lightning` package beside the venv, not in it: a test gives it to its Ray workers only,
+# as on machines that have both Lightning packages (Ray then builds its Lightning classes on it).
+LIGHTNING_SIDE := $(VENV)/side-lightning
+$(LIGHTNING_SIDE)/.installed: $(STAMP)
+	$(BIN)/python -m pip install --quiet --no-deps --upgrade --target $(LIGHTNING_SIDE) \
+	  -c constraints.txt lightning
+	touch $@
+
 demo: setup
 	$(BIN)/python examples/quickstart/workflow.py
 
@@ -50,7 +58,7 @@ k8s-down:
 # binaries build in the background while the main run goes (a cold build takes many minutes on
 # 2 cores; a warm one returns at once). The KubeRay tests run even when the main run fails (so
 # one failure does not hide the rest), and make still fails if either did.
-test: setup
+test: setup $(LIGHTNING_SIDE)/.installed
 	@status=0; mkdir -p build; \
 	bash tools/build_kuberay_bed.sh >build/k8s-build.log 2>&1 & build=$$!; \
 	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider --durations=15 --ignore=tests/uniflow/plugins/ray/kuberay/bed \

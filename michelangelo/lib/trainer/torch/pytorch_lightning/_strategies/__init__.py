@@ -2,12 +2,15 @@
 
 ``choose_strategy`` turns the user's ``strategy`` (a name or a ``Strategy`` object) into
 something a worker can build; a new strategy joins the table in ``_registry``, with its class
-in a module of its own (``_fsdp2`` for FSDP2). The strategy classes load on first use, so
-resolving a name costs no Lightning or Ray Train import.
+in a module of its own (``_fsdp2`` for FSDP2). ``ray_lightning`` gives the Ray-aware classes
+that a ``pytorch_lightning.Trainer`` accepts: Ray's own, or their ``pytorch_lightning`` builds
+(``_ray_lightning``) where Ray built its own on the ``lightning`` package. The strategy classes
+load on first use, so resolving a name costs no Lightning or Ray Train import.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from michelangelo.lib.trainer.torch.pytorch_lightning._strategies._registry import (
@@ -21,22 +24,33 @@ if TYPE_CHECKING:
         RayModelParallelStrategy,
         validate_fsdp2_kwargs,
     )
+    from michelangelo.lib.trainer.torch.pytorch_lightning._strategies._ray_lightning import (
+        RayLightning,
+        ray_lightning,
+    )
 
-_FSDP2 = ("RayModelParallelStrategy", "validate_fsdp2_kwargs")
+# Loaded on first use: both modules import Lightning and Ray Train.
+_LAZY = {
+    "RayLightning": "_ray_lightning",
+    "RayModelParallelStrategy": "_fsdp2",
+    "ray_lightning": "_ray_lightning",
+    "validate_fsdp2_kwargs": "_fsdp2",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _FSDP2:
+    module = _LAZY.get(name)
+    if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from michelangelo.lib.trainer.torch.pytorch_lightning._strategies import _fsdp2
-
-    return getattr(_fsdp2, name)
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 
 __all__ = [
+    "RayLightning",
     "RayModelParallelStrategy",
     "StrategyChoice",
     "choose_strategy",
+    "ray_lightning",
     "strategy_names",
     "validate_fsdp2_kwargs",
 ]

@@ -99,8 +99,9 @@ class RayModelParallelStrategy(pl.strategies.ModelParallelStrategy):
 
     The LightningModule must implement ``configure_model()`` and apply
     ``torch.distributed.fsdp.fully_shard`` there, as with the parent strategy. Use it with
-    ``ray.train.lightning.RayLightningEnvironment`` as the cluster environment plugin; do
-    not pass it through ``ray.train.lightning.prepare_trainer``, which rejects it.
+    ``RayLightningEnvironment`` as the cluster environment plugin (Ray's, or its
+    ``pytorch_lightning`` build where Ray built its own on the ``lightning`` package); do not
+    pass it through ``prepare_trainer``, which rejects it.
 
     Args:
         **kwargs: Forwarded to ``ModelParallelStrategy``. Checked with

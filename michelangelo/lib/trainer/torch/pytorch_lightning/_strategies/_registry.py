@@ -15,15 +15,11 @@ __all__ = ["StrategyChoice", "choose_strategy", "strategy_names"]
 
 
 def _ray_ddp() -> type:
-    from ray.train.lightning import RayDDPStrategy
-
-    return RayDDPStrategy
+    return _ray_lightning().ddp
 
 
 def _ray_fsdp() -> type:
-    from ray.train.lightning import RayFSDPStrategy
-
-    return RayFSDPStrategy
+    return _ray_lightning().fsdp
 
 
 def _ray_deepspeed() -> type:
@@ -34,9 +30,17 @@ def _ray_deepspeed() -> type:
             "lightning_trainer_kwargs['strategy']='deepspeed' needs DeepSpeed, which is not "
             f"installed ({error}). Fix: install the trainer-deepspeed extra."
         ) from None
-    from ray.train.lightning import RayDeepSpeedStrategy
+    return _ray_lightning().deepspeed
 
-    return RayDeepSpeedStrategy
+
+def _ray_lightning() -> Any:
+    # Ray's classes, or their pytorch_lightning builds where Ray built its own on the
+    # `lightning` package (see _ray_lightning).
+    from michelangelo.lib.trainer.torch.pytorch_lightning._strategies._ray_lightning import (
+        ray_lightning,
+    )
+
+    return ray_lightning()
 
 
 def _ray_fsdp2() -> type:
@@ -59,7 +63,7 @@ def _check_fsdp2_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
 class _Entry:
     load: Callable[[], type]
     check_kwargs: Callable[[dict[str, Any]], dict[str, Any]] = dict
-    # Ray's prepare_trainer only accepts its own three strategy classes.
+    # prepare_trainer only accepts the three Ray strategy classes.
     ray_prepared: bool = True
 
 
@@ -96,12 +100,9 @@ class StrategyChoice:
 
     @property
     def ray_prepared(self) -> bool:
-        """Whether ``ray.train.lightning.prepare_trainer`` accepts this strategy."""
+        """Whether ``prepare_trainer`` (Ray's, or its ``pytorch_lightning`` build) accepts it."""
         if self.instance is not None:
-            from ray.train.lightning import RayDDPStrategy, RayDeepSpeedStrategy, RayFSDPStrategy
-
-            return isinstance(self.instance, RayDDPStrategy | RayFSDPStrategy
-                              | RayDeepSpeedStrategy)
+            return isinstance(self.instance, _ray_lightning().strategies)
         return _REGISTRY[self.name].ray_prepared
 
     @property

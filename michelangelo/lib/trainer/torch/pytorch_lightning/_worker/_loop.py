@@ -240,8 +240,10 @@ def _in_memory_iterables(spec: WorkerSpec) -> tuple[InMemoryBatches, InMemoryBat
 
 def _build_trainer(spec: WorkerSpec, context: Any) -> tuple[Any, str]:
     import pytorch_lightning as pl
-    from ray.train.lightning import RayLightningEnvironment, prepare_trainer
 
+    from michelangelo.lib.trainer.torch.pytorch_lightning._strategies import ray_lightning
+
+    ray_pl = ray_lightning()
     resolved = spec.resolved
     kwargs = dict(resolved.trainer_kwargs)
     callbacks = list(kwargs.pop("callbacks", []))
@@ -252,7 +254,7 @@ def _build_trainer(spec: WorkerSpec, context: Any) -> tuple[Any, str]:
     callbacks += _observing_callbacks(spec, context)
     plugins = kwargs.pop("plugins", None) or []
     plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
-    plugins.append(RayLightningEnvironment())
+    plugins.append(ray_pl.environment())
     profiler_dir = os.path.join(
         tempfile.gettempdir(), "michelangelo", str(context.get_experiment_name()), "profiler_logs"
     )
@@ -270,7 +272,7 @@ def _build_trainer(spec: WorkerSpec, context: Any) -> tuple[Any, str]:
         **kwargs,
     )
     if resolved.strategy.ray_prepared:
-        trainer = prepare_trainer(trainer)
+        trainer = ray_pl.prepare_trainer(trainer)
     return trainer, profiler_dir
 
 
