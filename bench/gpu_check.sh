@@ -6,7 +6,8 @@
 #   3. when CUDA is present: examples/gpt_lora and examples/embeddings end to end at --size gpu
 #      (train -> register -> deploy on one GPU worker); GPU_CHECK_EXAMPLES=0 skips them, and
 #      GPU_CHECK_EXAMPLES_S (default 420) bounds both together, on top of the budget above.
-# Reuses .venv when it exists (else `make setup`). Prints a short summary; exit status 0 only
+# Reuses .venv when it exists (else `make setup`); on an offline CUDA image, install the wheels of
+# tools/offline_gpu_wheels.sh and set PYTHON=python3. Prints a short summary; exit status 0 only
 # when the tests passed (or none were collected) and the benchmark finished. On a machine
 # without a GPU the gpu tests skip and the benchmark refuses to start.
 #
