@@ -6,7 +6,9 @@ Arms (``--arms``, alternated in this order every round, one Ray session):
   workers (GPU with ``--gpu``), default settings: a shard that fits is kept in memory.
 - ``stream``: the same with ``MA_TRAINER_INMEMORY=0``: our streaming path.
 - ``raw``: a ``ray.train.torch.TorchTrainer`` whose loop builds the same LightningModule and a
-  ``pytorch_lightning.Trainer`` with ``RayDDPStrategy``, ``RayLightningEnvironment``,
+  Lightning ``Trainer`` (from ``lightning.pytorch`` where the ``lightning`` package is installed,
+  since Ray then builds its classes on it; else from ``pytorch_lightning``; the module and the
+  clock follow) with ``RayDDPStrategy``, ``RayLightningEnvironment``,
   ``RayTrainReportCallback`` and ``prepare_trainer``, fed by
   ``get_dataset_shard(...).iter_torch_batches(batch_size, local_shuffle_buffer_size)`` with the
   same shuffle buffer as ours (``num_shuffle_batches x batch_size`` rows): Ray's recipe.
@@ -91,8 +93,8 @@ def _xy(batch):
     return (batch["x"], batch["y"]) if isinstance(batch, dict) else (batch[0], batch[1])
 
 
-class BenchMLP(pl.LightningModule):
-    """A small MLP regressor; remembers when the factory built it (for the phase breakdown)."""
+class _BenchMLPBody:
+    """BenchMLP's body, on either Lightning package (see :func:`raw_lightning`)."""
 
     def __init__(self, features: int = 32, hidden: int = 128, lr: float = 1e-3) -> None:
         super().__init__()
@@ -123,12 +125,16 @@ class BenchMLP(pl.LightningModule):
         return torch.optim.AdamW(self.parameters(), lr=self.lr)
 
 
+class BenchMLP(_BenchMLPBody, pl.LightningModule):
+    """A small MLP regressor; remembers when the factory built it (for the phase breakdown)."""
+
+
 def create_bench_model(features: int = 32, hidden: int = 128, lr: float = 1e-3) -> BenchMLP:
     return BenchMLP(features=features, hidden=hidden, lr=lr)
 
 
-class BatchClock(pl.Callback):
-    """Records the start time and row count of every training batch; one JSON file per rank."""
+class _BatchClockBody:
+    """BatchClock's body, on either Lightning package (see :func:`raw_lightning`)."""
 
     def __init__(self, out_dir: str, tag: str) -> None:
         self.out_dir = out_dir
@@ -160,6 +166,22 @@ class BatchClock(pl.Callback):
         path = os.path.join(self.out_dir, f"{self.tag}-rank{trainer.global_rank}.json")
         with open(path, "w") as handle:
             json.dump(record, handle)
+
+
+class BatchClock(_BatchClockBody, pl.Callback):
+    """Records the start time and row count of every training batch; one JSON file per rank."""
+
+
+def raw_lightning():
+    """The Lightning package a hand-written job uses with Ray's classes: the one Ray builds them
+    on (``lightning.pytorch`` when the ``lightning`` package is installed, as on many CUDA
+    images), and the model class and clock built on it."""
+    try:
+        import lightning.pytorch as raw_pl
+    except ModuleNotFoundError:
+        return pl, BenchMLP, BatchClock
+    return (raw_pl, type("BenchMLP", (_BenchMLPBody, raw_pl.LightningModule), {}),
+            type("BatchClock", (_BatchClockBody, raw_pl.Callback), {}))
 
 
 def _phase_clock_class():
@@ -211,12 +233,13 @@ def raw_train_loop(config: dict) -> None:
         prepare_trainer,
     )
 
-    model = create_bench_model(**config["model_kwargs"])
+    raw_pl, model_class, _ = raw_lightning()
+    model = model_class(**config["model_kwargs"])
     batch_size = config["batch_size"]
     train_batches = ray.train.get_dataset_shard("train").iter_torch_batches(
         batch_size=batch_size, local_shuffle_buffer_size=config["shuffle_buffer_rows"])
     val_batches = ray.train.get_dataset_shard("val").iter_torch_batches(batch_size=batch_size)
-    trainer = pl.Trainer(
+    trainer = raw_pl.Trainer(
         devices="auto",
         accelerator="auto",
         strategy=RayDDPStrategy(),
@@ -534,7 +557,7 @@ def main(argv: list[str] | None = None) -> dict:
                     "batch_size": args.batch_size,
                     "shuffle_buffer_rows": shuffle_rows,
                     "trainer_kwargs": trainer_kwargs,
-                    "clock": BatchClock(work, tag),
+                    "clock": raw_lightning()[2](work, tag),
                 },
                 scaling_config=scaling(workers),
                 run_config=run_config(tag),
