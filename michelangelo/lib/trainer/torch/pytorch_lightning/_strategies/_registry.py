@@ -152,6 +152,16 @@ def choose_strategy(strategy: Any, strategy_kwargs: Any) -> StrategyChoice:
         return StrategyChoice(name=None, instance=strategy)
     if strategy is None:
         strategy = "ddp"
+    if _from_lightning_package(strategy):
+        raise ValueError(
+            f"lightning_trainer_kwargs['strategy']={strategy!r} is a lightning.pytorch strategy "
+            "(from the `lightning` package, which Ray's RayDDPStrategy, RayFSDPStrategy and "
+            "RayDeepSpeedStrategy are built on whenever it is installed), but LightningTrainer "
+            "runs pytorch_lightning, whose Trainer refuses it. Fix: give the strategy by name, "
+            f"one of {strategy_names()}, with its arguments in strategy_kwargs (each name is "
+            "the Ray-aware strategy, built on pytorch_lightning), or pass a "
+            "pytorch_lightning.strategies.Strategy instance."
+        )
     if not isinstance(strategy, str) or strategy.lower() not in _REGISTRY:
         raise ValueError(
             f"lightning_trainer_kwargs['strategy']={strategy!r} is not supported. Fix: use one "
@@ -167,6 +177,11 @@ def choose_strategy(strategy: Any, strategy_kwargs: Any) -> StrategyChoice:
         raise ValueError(str(error)) from None
     _check_constructor(name, entry.load(), kwargs)
     return StrategyChoice(name=name, kwargs=kwargs)
+
+
+def _from_lightning_package(obj: Any) -> bool:
+    """Whether ``obj`` is an instance of a class built on ``lightning.pytorch``."""
+    return any(base.__module__.startswith("lightning.pytorch.") for base in type(obj).__mro__)
 
 
 def _check_constructor(name: str, cls: type, kwargs: dict[str, Any]) -> None:

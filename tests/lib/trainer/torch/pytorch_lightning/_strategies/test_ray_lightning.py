@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -64,6 +65,31 @@ def test_builds_refuse_other_strategies():
         builds.prepare_trainer(trainer)
 
 
+def _needs_side_package() -> None:
+    if not os.path.isdir(os.path.join(LIGHTNING_SIDE, "lightning")):
+        pytest.skip(f"no `lightning` package in {LIGHTNING_SIDE}: `make test` installs it")
+
+
+def test_a_ray_strategy_built_on_lightning_is_refused_on_the_driver_with_the_fix():
+    # As a user would pass it, on a machine with both packages: Ray's documented class.
+    _needs_side_package()
+    code = (
+        "import ray.train.lightning as r\n"
+        "from michelangelo.lib.trainer.torch.pytorch_lightning._strategies import choose_strategy\n"
+        "print(choose_strategy('ddp', {'find_unused_parameters': True}).build())\n"
+        "choose_strategy(r.RayDDPStrategy(), None)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": RAY_ENV_VARS["PYTHONPATH"]}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 1, done.stderr
+    assert "_ray_lightning.RayDDPStrategy" in done.stdout  # the name still resolves there
+    error = done.stderr.strip().splitlines()[-1]
+    assert error.startswith("ValueError: lightning_trainer_kwargs['strategy']=")
+    assert "is a lightning.pytorch strategy" in error
+    assert "Fix: give the strategy by name" in error
+
+
 class RecordingRegressor(TinyRegressor):
     """:class:`TinyRegressor` that records the classes its worker's trainer was given."""
 
@@ -93,8 +119,7 @@ class RecordingRegressor(TinyRegressor):
 
 
 def test_trains_where_lightning_is_installed_too(ray_cluster, tmp_path):
-    if not os.path.isdir(os.path.join(LIGHTNING_SIDE, "lightning")):
-        pytest.skip(f"no `lightning` package in {LIGHTNING_SIDE}: `make test` installs it")
+    _needs_side_package()
     record_dir = tmp_path / "records"
     record_dir.mkdir()
     train, val = make_regression_datasets(32, 8)
