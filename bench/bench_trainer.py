@@ -174,8 +174,8 @@ class BatchClock(_BatchClockBody, pl.Callback):
 
 def raw_lightning():
     """The Lightning package a hand-written job uses with Ray's classes: the one Ray builds them
-    on (``lightning.pytorch`` when the ``lightning`` package is installed, as on many CUDA
-    images), and the model class and clock built on it."""
+    on (``lightning.pytorch`` when the ``lightning`` package is installed, as on the GPU
+    check's CUDA image), and the model class and clock built on it."""
     try:
         import lightning.pytorch as raw_pl
     except ModuleNotFoundError:

@@ -4,8 +4,8 @@
 on ``lightning.pytorch`` whenever the ``lightning`` package can be imported, and on
 ``pytorch_lightning`` only otherwise. LightningTrainer trains ``pytorch_lightning`` modules
 with a ``pytorch_lightning.Trainer``, which refuses the other package's objects. So on a
-machine with both packages installed (many CUDA images ship both) every worker failed in
-``pl.Trainer(...)`` with "invalid strategy" or "invalid type for plugin".
+machine with both packages installed (the GPU check's CUDA image has both) every worker
+failed in ``pl.Trainer(...)`` with "invalid strategy" or "invalid type for plugin".
 
 :func:`ray_lightning` hands out Ray's own classes when Ray built them on
 ``pytorch_lightning`` (the usual case: only that package installed), and otherwise the
