@@ -15,6 +15,7 @@ import time
 from decimal import Decimal
 from typing import Any
 
+from michelangelo.uniflow.plugins.ray.kuberay._fit import WAIT_GCS_READY
 from michelangelo.uniflow.plugins.ray.provisioning import NodeResources, RayTask, node_resources
 
 LABEL_PREFIX = "uniflow.michelangelo.ai"
@@ -44,6 +45,17 @@ def default_image() -> str:
     return f"rayproject/ray:{ray.__version__}-py{sys.version_info.major}{sys.version_info.minor}"
 
 
+# The init container this manifest puts first in every worker pod (see ``_wait_for_head``).
+WAIT_FOR_HEAD = "uf-wait-for-head"
+# Its connection timeouts, in seconds, for one ``ray health-check``: Ray's defaults (5 s to
+# connect, 5 s more for the pubsub channel, then up to 30 s for the cluster id) hold a check
+# against a head that does not listen yet for about 40 s.
+_HEALTH_CHECK_TIMEOUTS = {"RAY_gcs_rpc_server_connect_timeout_s": "1",
+                          "RAY_py_gcs_connect_timeout_s": "1"}
+# How long it waits before leaving the wait to KubeRay's own loop (and its troubleshooting
+# messages), as that loop's quiet phase does.
+_WAIT_FOR_HEAD_S = 120
+
 # Ray's authentication modes a RayCluster can ask KubeRay for (``spec.authOptions.mode``).
 AUTH_MODES = ("disabled", "token")
 # The key of the token in the Secret KubeRay makes for a cluster in token mode.
@@ -62,6 +74,7 @@ def ray_cluster_manifest(
     now: float | None = None,
     head_node_ports: dict[str, int] | None = None,
     auth: str = "disabled",
+    wait_for_head: bool = True,
 ) -> dict[str, Any]:
     """A ``RayCluster`` with one head and one worker group shaped like ``task``.
 
@@ -85,6 +98,10 @@ def ray_cluster_manifest(
         auth: Ray's authentication on the cluster: ``"disabled"`` (KubeRay's default) or
             ``"token"``: KubeRay makes a random token, keeps it in a Secret named like the
             cluster, and gives it to every node; clients must send it (``spec.authOptions``).
+        wait_for_head: Put a quick wait for the head's GCS first in each worker pod (see
+            :func:`_wait_for_head`), so workers join seconds after the head is up. In token
+            mode it reads the token from the Secret named like the cluster; a RayService's
+            cluster, whose name KubeRay makes up, passes False there.
 
     Returns:
         The manifest as a plain dict, ready for the Kubernetes API.
@@ -145,7 +162,9 @@ def ray_cluster_manifest(
             "minReplicas": task.worker_instances,
             "maxReplicas": task.worker_instances,
             "rayStartParams": _start_params(worker),
-            "template": _pod_template(worker, "ray-worker", image, all_labels, env),
+            "template": _pod_template(worker, "ray-worker", image, all_labels, env,
+                                      init_containers=[_wait_for_head(image, name, auth)]
+                                      if wait_for_head else None),
         })
     return {
         "apiVersion": "ray.io/v1",
@@ -197,9 +216,47 @@ def container_resources(node: NodeResources) -> dict[str, dict[str, str]]:
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
+def _wait_for_head(image: str, cluster: str, auth: str) -> dict[str, Any]:
+    """A worker pod's first init container: it waits for the head's GCS, checking often.
+
+    KubeRay adds its own ``wait-gcs-ready`` init container after the pod's own. Its loop
+    runs ``ray health-check`` with Ray's default timeouts, so a worker pod that starts with
+    its head (the usual case: both are created together) spends its first check, about 40
+    s, on a GCS that is still starting, then sleeps 5 s. This one runs the same check with
+    1 s timeouts every second, so KubeRay's check passes at its first try a few seconds
+    after the GCS listens. After two minutes it leaves the wait to KubeRay's loop, which
+    then prints its own troubleshooting messages. ``FQ_RAY_IP`` (the head Service's name)
+    is set by KubeRay on every init container; the token, in token mode, is given here as
+    KubeRay gives it to its own.
+    """
+    env = [{"name": key, "value": value} for key, value in _HEALTH_CHECK_TIMEOUTS.items()]
+    if auth == "token":
+        env += [{"name": "RAY_AUTH_MODE", "value": "token"},
+                {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {
+                    "name": cluster, "key": AUTH_TOKEN_KEY}}}]
+    script = (
+        '[ -n "$FQ_RAY_IP" ] || exit 0\n'
+        f'address="$FQ_RAY_IP:{HEAD_PORTS["gcs"]}"\n'
+        "SECONDS=0\n"
+        'until ray health-check --address "$address" >/dev/null 2>&1; do\n'
+        f"  if (( SECONDS >= {_WAIT_FOR_HEAD_S} )); then\n"
+        '    echo "no GCS at $address after ${SECONDS}s; KubeRay\'s wait-gcs-ready goes on"\n'
+        "    exit 0\n"
+        "  fi\n"
+        "  sleep 1\n"
+        "done\n"
+        'echo "GCS at $address answered after ${SECONDS}s"\n'
+    )
+    return {"name": WAIT_FOR_HEAD, "image": image, "command": ["/bin/bash", "-c", "--"],
+            "args": [script], "env": env,
+            "resources": {key: dict(WAIT_GCS_READY["resources"][key])
+                          for key in ("requests", "limits")}}
+
+
 def _pod_template(node: NodeResources, container: str, image: str, labels: dict[str, str],
                   env: dict[str, Any], *,
-                  head_ports: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                  head_ports: list[dict[str, Any]] | None = None,
+                  init_containers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "name": container,
         "image": image,
@@ -208,7 +265,10 @@ def _pod_template(node: NodeResources, container: str, image: str, labels: dict[
     }
     if head_ports is not None:
         spec["ports"] = head_ports
-    return {"metadata": {"labels": dict(labels)}, "spec": {"containers": [spec]}}
+    pod: dict[str, Any] = {"containers": [spec]}
+    if init_containers:
+        pod["initContainers"] = init_containers
+    return {"metadata": {"labels": dict(labels)}, "spec": pod}
 
 
 def _environment(task: RayTask, storage_secret: str | None) -> dict[str, Any]:

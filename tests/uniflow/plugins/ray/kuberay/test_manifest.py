@@ -271,3 +271,74 @@ def test_token_auth_asks_kuberay_for_a_token_and_bad_modes_are_refused():
     service = ray_service_manifest({"applications": []}, TASKS["cpu-only"], name="guarded",
                                    auth="token")
     assert service["spec"]["rayClusterConfig"]["authOptions"] == {"mode": "token"}
+
+
+def _wait_for_head(manifest):
+    workers = manifest["spec"]["workerGroupSpecs"]
+    assert "initContainers" not in manifest["spec"]["headGroupSpec"]["template"]["spec"]
+    (group,) = workers
+    inits = group["template"]["spec"]["initContainers"]
+    assert [c["name"] for c in inits] == ["uf-wait-for-head"]  # KubeRay appends its own
+    return inits[0]
+
+
+def test_worker_pods_wait_for_the_head_with_short_checks_first():
+    """Before KubeRay's ``wait-gcs-ready`` (whose first check of a GCS still starting takes
+    about 40 s), each worker pod checks the head's GCS every second with 1 s timeouts."""
+    from michelangelo.uniflow.plugins.ray.kuberay import ray_service_manifest
+
+    manifest = ray_cluster_manifest(TASKS["cpu-only"], name="plain", image="ray:x")
+    wait = _wait_for_head(manifest)
+    assert wait["image"] == "ray:x"
+    env = {e["name"]: e for e in wait["env"]}
+    assert env["RAY_gcs_rpc_server_connect_timeout_s"]["value"] == "1"
+    assert env["RAY_py_gcs_connect_timeout_s"]["value"] == "1"
+    assert "RAY_AUTH_TOKEN" not in env
+    assert 'ray health-check --address "$address"' in wait["args"][0]
+    assert '"$FQ_RAY_IP:6379"' in wait["args"][0]
+    # The pod's effective requests stay what KubeRay's own init container makes them.
+    assert wait["resources"]["requests"] == {"cpu": "200m", "memory": "256Mi"}
+    assert problems(manifest) == []
+    # Token mode: the token from the Secret KubeRay makes, named like the cluster.
+    token = _wait_for_head(ray_cluster_manifest(TASKS["cpu-only"], name="guarded",
+                                                auth="token"))
+    env = {e["name"]: e for e in token["env"]}
+    assert env["RAY_AUTH_MODE"]["value"] == "token"
+    assert env["RAY_AUTH_TOKEN"]["valueFrom"] == {
+        "secretKeyRef": {"name": "guarded", "key": "auth_token"}}
+    assert "initContainers" not in _render(TASKS["head-gpu-fractional"])["spec"][
+        "headGroupSpec"]["template"]["spec"]  # no workers, nothing to wait
+    # A RayService's cluster gets a name KubeRay makes up, so in token mode its Secret is
+    # unknown here: those workers keep KubeRay's wait alone.
+    served = ray_service_manifest({"applications": []}, TASKS["cpu-only"], name="svc")
+    assert _wait_for_head({"spec": served["spec"]["rayClusterConfig"]})
+    guarded = ray_service_manifest({"applications": []}, TASKS["cpu-only"], name="svc",
+                                   auth="token")
+    (group,) = guarded["spec"]["rayClusterConfig"]["workerGroupSpecs"]
+    assert "initContainers" not in group["template"]["spec"]
+
+
+@pytest.mark.parametrize(("fq_ray_ip", "fails", "said"), [
+    ("uf-x-head-svc.default.svc.cluster.local", 2, "answered after"),
+    ("", 0, None),  # no address from KubeRay: nothing to wait for here
+])
+def test_the_wait_script_runs_until_the_check_passes(tmp_path, fq_ray_ip, fails, said):
+    import os
+    import subprocess
+
+    wait = _wait_for_head(ray_cluster_manifest(TASKS["cpu-only"], name="uf-x"))
+    calls = tmp_path / "calls"
+    fake = tmp_path / "ray"  # fails `fails` times, then answers
+    fake.write_text(f"#!/bin/bash\necho \"$@\" >> {calls}\n"
+                    f"[ $(wc -l < {calls}) -gt {fails} ]\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}", "FQ_RAY_IP": fq_ray_ip}
+    done = subprocess.run([*wait["command"], *wait["args"]], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    if said is None:
+        assert not calls.exists() and done.stdout == ""
+        return
+    lines = calls.read_text().splitlines()
+    assert lines == [f"health-check --address {fq_ray_ip}:6379"] * (fails + 1)
+    assert said in done.stdout

@@ -59,11 +59,18 @@ def test_cluster_becomes_ready_with_every_node_then_is_deleted(api, kube_cluster
         assert sorted(p["spec"]["nodeName"] is not None for p in pods) == [True, True]
         procs = kubelet.processes()
         assert procs
-        # The operator's wait-gcs-ready init container ran to success before the worker's Ray.
+        # Our quick wait for the head ran first, then the operator's wait-gcs-ready, each to
+        # success, before the worker's Ray. The operator's check passed at its first try:
+        # after a failed one it says "N seconds elapsed" (its first try at a GCS that is still
+        # starting takes about 40 s), which is what the quick wait is there to spare.
         (worker,) = [p for p in pods if p["metadata"]["labels"]["ray.io/node-type"] == "worker"]
-        assert [c["name"] for c in worker["spec"]["initContainers"]] == ["wait-gcs-ready"]
+        assert [c["name"] for c in worker["spec"]["initContainers"]] == [
+            "uf-wait-for-head", "wait-gcs-ready"]
         log = kubelet.pod_log(worker["metadata"]["name"])
-        assert log.index("GCS is ready") < log.index("--- ray-worker")
+        assert (log.index("--- uf-wait-for-head") < log.index("answered after")
+                < log.index("--- wait-gcs-ready") < log.index("GCS is ready")
+                < log.index("--- ray-worker")), log
+        assert "seconds elapsed" not in log, log
     finally:
         cluster.shutdown()
     assert _wait_gone(api, cluster.name)
@@ -286,6 +293,10 @@ def test_token_auth_end_to_end_without_the_token_ever_shown(api, kube_cluster, c
             env = {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
             assert env["RAY_AUTH_MODE"]["value"] == "token"
             assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == cluster.name
+            if pod["metadata"]["labels"]["ray.io/node-type"] == "worker":
+                # the quick wait for the head got through with the same token
+                log = kubelet.pod_log(pod["metadata"]["name"])
+                assert "answered after" in log and "seconds elapsed" not in log, log
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(f"{cluster.address}/api/jobs/", timeout=10)
         assert refused.value.code in (401, 403)
