@@ -56,6 +56,11 @@ _HEALTH_CHECK_TIMEOUTS = {"RAY_gcs_rpc_server_connect_timeout_s": "1",
 # messages), as that loop's quiet phase does.
 _WAIT_FOR_HEAD_S = 120
 
+# A Ray node's own health endpoint on its dashboard agent (Ray 2.53 and later), which KubeRay
+# probes for readiness by default: 10 s before the first probe, then every 5 s.
+_HEALTH_PATH, _AGENT_PORT = "/api/healthz", 52365
+_HEALTH_SINCE = (2, 53)
+
 # Ray's authentication modes a RayCluster can ask KubeRay for (``spec.authOptions.mode``).
 AUTH_MODES = ("disabled", "token")
 # The key of the token in the Secret KubeRay makes for a cluster in token mode.
@@ -74,7 +79,7 @@ def ray_cluster_manifest(
     now: float | None = None,
     head_node_ports: dict[str, int] | None = None,
     auth: str = "disabled",
-    wait_for_head: bool = True,
+    serving: bool = False,
 ) -> dict[str, Any]:
     """A ``RayCluster`` with one head and one worker group shaped like ``task``.
 
@@ -98,10 +103,12 @@ def ray_cluster_manifest(
         auth: Ray's authentication on the cluster: ``"disabled"`` (KubeRay's default) or
             ``"token"``: KubeRay makes a random token, keeps it in a Secret named like the
             cluster, and gives it to every node; clients must send it (``spec.authOptions``).
-        wait_for_head: Put a quick wait for the head's GCS first in each worker pod (see
-            :func:`_wait_for_head`), so workers join seconds after the head is up. In token
-            mode it reads the token from the Secret named like the cluster; a RayService's
-            cluster, whose name KubeRay makes up, passes False there.
+        serving: The cluster of a RayService. Nodes are made ready sooner than KubeRay
+            would (:func:`_readiness_probe`, :func:`_wait_for_head`) except where that would
+            take something from a RayService: its worker pods keep KubeRay's readiness
+            probe, which also checks their Serve proxy, and in token mode they keep
+            KubeRay's wait for the head alone (the token's Secret is named after a cluster
+            name KubeRay makes up).
 
     Returns:
         The manifest as a plain dict, ready for the Kubernetes API.
@@ -131,20 +138,20 @@ def ray_cluster_manifest(
     head = node_resources(task, "head")
     worker = node_resources(task, "worker")
     head_params = {**_start_params(head), "dashboard-host": "0.0.0.0"}
+    probe = _readiness_probe(ray_version())
     head_node_ports = dict(head_node_ports or {})
     unknown = sorted(set(head_node_ports) - set(HEAD_PORTS))
     if unknown:
         raise ValueError(f"head_node_ports names {unknown}; the head ports are "
                          f"{sorted(HEAD_PORTS)}.")
-    import ray
-
     spec: dict[str, Any] = {
-        "rayVersion": ray.__version__,
+        "rayVersion": ray_version(),
         "enableInTreeAutoscaling": False,
         "headGroupSpec": {
             "rayStartParams": head_params,
             "template": _pod_template(head, "ray-head", image, all_labels, env,
-                                      head_ports=_container_ports(head_node_ports)),
+                                      head_ports=_container_ports(head_node_ports),
+                                      readiness=probe),
         },
         "workerGroupSpecs": [],
     }
@@ -163,8 +170,9 @@ def ray_cluster_manifest(
             "maxReplicas": task.worker_instances,
             "rayStartParams": _start_params(worker),
             "template": _pod_template(worker, "ray-worker", image, all_labels, env,
-                                      init_containers=[_wait_for_head(image, name, auth)]
-                                      if wait_for_head else None),
+                                      init_containers=None if serving and auth == "token"
+                                      else [_wait_for_head(image, name, auth)],
+                                      readiness=None if serving else probe),
         })
     return {
         "apiVersion": "ray.io/v1",
@@ -216,6 +224,32 @@ def container_resources(node: NodeResources) -> dict[str, dict[str, str]]:
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
+def ray_version() -> str:
+    import ray
+
+    return ray.__version__
+
+
+def _readiness_probe(version: str) -> dict[str, Any] | None:
+    """The readiness probe KubeRay would give a Ray node, asked sooner and more often.
+
+    KubeRay's probe (``/api/healthz`` on the node's dashboard agent) waits 10 s before its
+    first try and then 5 s between tries, so a node whose Ray is up in 3 s counts as ready
+    after 10 s. This one asks after 1 s and then every second, and allows as many seconds of
+    failures (50) before the node counts as not ready again. None for a Ray without that
+    endpoint: KubeRay's own exec probe then applies.
+    """
+    try:
+        major, minor = (int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return None
+    if (major, minor) < _HEALTH_SINCE:
+        return None
+    return {"httpGet": {"path": _HEALTH_PATH, "port": _AGENT_PORT}, "initialDelaySeconds": 1,
+            "periodSeconds": 1, "timeoutSeconds": 2, "successThreshold": 1,
+            "failureThreshold": 50}
+
+
 def _wait_for_head(image: str, cluster: str, auth: str) -> dict[str, Any]:
     """A worker pod's first init container: it waits for the head's GCS, checking often.
 
@@ -256,7 +290,8 @@ def _wait_for_head(image: str, cluster: str, auth: str) -> dict[str, Any]:
 def _pod_template(node: NodeResources, container: str, image: str, labels: dict[str, str],
                   env: dict[str, Any], *,
                   head_ports: list[dict[str, Any]] | None = None,
-                  init_containers: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                  init_containers: list[dict[str, Any]] | None = None,
+                  readiness: dict[str, Any] | None = None) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "name": container,
         "image": image,
@@ -265,6 +300,8 @@ def _pod_template(node: NodeResources, container: str, image: str, labels: dict[
     }
     if head_ports is not None:
         spec["ports"] = head_ports
+    if readiness is not None:
+        spec["readinessProbe"] = dict(readiness)
     pod: dict[str, Any] = {"containers": [spec]}
     if init_containers:
         pod["initContainers"] = init_containers

@@ -68,11 +68,9 @@ def ray_service_manifest(serve_config: dict[str, Any], task: RayTask, *, name: s
     """
     check_kuberay_name("deployment name", name, max_len=MAX_SERVICE_NAME, kind="RayService",
                        example="churn-model")
-    # In token mode the serving cluster's token Secret is named after the RayCluster KubeRay
-    # makes for the RayService, which is not known here: its workers keep KubeRay's wait only.
     cluster = ray_cluster_manifest(task, name=name, namespace=namespace, image=image,
                                    labels=labels, storage_secret=storage_secret, auth=auth,
-                                   wait_for_head=auth != "token")
+                                   serving=True)
     config = dict(serve_config)
     config["http_options"] = {**config.get("http_options", {}), "host": "0.0.0.0",
                               "port": HEAD_PORTS["serve"]}

@@ -342,3 +342,27 @@ def test_the_wait_script_runs_until_the_check_passes(tmp_path, fq_ray_ip, fails,
     lines = calls.read_text().splitlines()
     assert lines == [f"health-check --address {fq_ray_ip}:6379"] * (fails + 1)
     assert said in done.stdout
+
+
+def test_nodes_count_as_ready_soon_after_their_ray_is_up():
+    """KubeRay's own readiness probe (the node's ``/api/healthz``) first asks after 10 s; the
+    manifest gives the same probe asked after 1 s and every second, except to a RayService's
+    workers, whose KubeRay probe also checks their Serve proxy."""
+    from michelangelo.uniflow.plugins.ray.kuberay import ray_service_manifest
+    from michelangelo.uniflow.plugins.ray.kuberay._manifest import _readiness_probe
+
+    manifest = ray_cluster_manifest(TASKS["cpu-only"], name="plain")
+    for role in ("head", "worker"):
+        probe = _group(manifest, role)["template"]["spec"]["containers"][0]["readinessProbe"]
+        assert probe["httpGet"] == {"path": "/api/healthz", "port": 52365}
+        assert probe["initialDelaySeconds"] == 1 and probe["periodSeconds"] == 1
+        assert probe["periodSeconds"] * probe["failureThreshold"] == 5 * 10  # KubeRay's window
+    assert problems(manifest) == []
+    served = ray_service_manifest({"applications": []}, TASKS["cpu-only"], name="svc")
+    config = served["spec"]["rayClusterConfig"]
+    assert "readinessProbe" in config["headGroupSpec"]["template"]["spec"]["containers"][0]
+    (group,) = config["workerGroupSpecs"]
+    assert "readinessProbe" not in group["template"]["spec"]["containers"][0]
+    # Before Ray 2.53 nodes have no such endpoint, and KubeRay probes them its own way.
+    assert _readiness_probe("2.52.1") is None and _readiness_probe("2.53.0") is not None
+    assert _readiness_probe("3.0.0.dev0") is not None
