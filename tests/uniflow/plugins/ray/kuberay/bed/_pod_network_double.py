@@ -224,8 +224,13 @@ class ServiceProxy:
                     if key.lower() not in ("transfer-encoding", "connection", "content-length"):
                         self.send_header(key, value)
                 self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.end_headers()
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    # The operator's client gave up on the request (its own timeout) and
+                    # closed the connection: on a real network the answer is just dropped.
+                    self.close_connection = True
 
             do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _forward
 
