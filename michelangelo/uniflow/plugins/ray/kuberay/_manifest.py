@@ -171,7 +171,8 @@ def ray_cluster_manifest(
             "rayStartParams": _start_params(worker),
             "template": _pod_template(worker, "ray-worker", image, all_labels, env,
                                       init_containers=None if serving and auth == "token"
-                                      else [_wait_for_head(image, name, auth)],
+                                      else [_wait_for_head(image, name, auth,
+                                                           env.get("env", []))],
                                       readiness=None if serving else probe),
         })
     return {
@@ -250,7 +251,8 @@ def _readiness_probe(version: str) -> dict[str, Any] | None:
             "failureThreshold": 50}
 
 
-def _wait_for_head(image: str, cluster: str, auth: str) -> dict[str, Any]:
+def _wait_for_head(image: str, cluster: str, auth: str,
+                   node_env: list[dict[str, Any]]) -> dict[str, Any]:
     """A worker pod's first init container: it waits for the head's GCS, checking often.
 
     KubeRay adds its own ``wait-gcs-ready`` init container after the pod's own. Its loop
@@ -261,9 +263,11 @@ def _wait_for_head(image: str, cluster: str, auth: str) -> dict[str, Any]:
     after the GCS listens. After two minutes it leaves the wait to KubeRay's loop, which
     then prints its own troubleshooting messages. ``FQ_RAY_IP`` (the head Service's name)
     is set by KubeRay on every init container; the token, in token mode, is given here as
-    KubeRay gives it to its own.
+    KubeRay gives it to its own. Like KubeRay's, it also gets the Ray container's ``env``
+    (the task's ``env_vars``, which may configure Ray's client), with its own settings last.
     """
-    env = [{"name": key, "value": value} for key, value in _HEALTH_CHECK_TIMEOUTS.items()]
+    env = [dict(item) for item in node_env]
+    env += [{"name": key, "value": value} for key, value in _HEALTH_CHECK_TIMEOUTS.items()]
     if auth == "token":
         env += [{"name": "RAY_AUTH_MODE", "value": "token"},
                 {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {

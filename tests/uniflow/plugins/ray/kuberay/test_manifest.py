@@ -308,6 +308,10 @@ def test_worker_pods_wait_for_the_head_with_short_checks_first():
         "secretKeyRef": {"name": "guarded", "key": "auth_token"}}
     assert "initContainers" not in _render(TASKS["head-gpu-fractional"])["spec"][
         "headGroupSpec"]["template"]["spec"]  # no workers, nothing to wait
+    # Like KubeRay's own, it gets the Ray container's env (the task's env_vars), ours last.
+    wait = _wait_for_head(_render(TASKS["runtime-env"]))
+    assert [e["name"] for e in wait["env"]] == [
+        "MODE", "RAY_gcs_rpc_server_connect_timeout_s", "RAY_py_gcs_connect_timeout_s"]
     # A RayService's cluster gets a name KubeRay makes up, so in token mode its Secret is
     # unknown here: those workers keep KubeRay's wait alone.
     served = ray_service_manifest({"applications": []}, TASKS["cpu-only"], name="svc")
