@@ -103,12 +103,10 @@ def ray_cluster_manifest(
         auth: Ray's authentication on the cluster: ``"disabled"`` (KubeRay's default) or
             ``"token"``: KubeRay makes a random token, keeps it in a Secret named like the
             cluster, and gives it to every node; clients must send it (``spec.authOptions``).
-        serving: The cluster of a RayService. Nodes are made ready sooner than KubeRay
-            would (:func:`_readiness_probe`, :func:`_wait_for_head`) except where that would
-            take something from a RayService: its worker pods keep KubeRay's readiness
-            probe, which also checks their Serve proxy, and in token mode they keep
-            KubeRay's wait for the head alone (the token's Secret is named after a cluster
-            name KubeRay makes up).
+        serving: The cluster of a RayService. Its worker pods' readiness probe also asks
+            their Serve proxy, as KubeRay's does for them (:func:`_readiness_probe`), and in
+            token mode they keep KubeRay's wait for the head alone (:func:`_wait_for_head`:
+            the token's Secret is named after a cluster name KubeRay makes up).
 
     Returns:
         The manifest as a plain dict, ready for the Kubernetes API.
@@ -138,14 +136,15 @@ def ray_cluster_manifest(
     head = node_resources(task, "head")
     worker = node_resources(task, "worker")
     head_params = {**_start_params(head), "dashboard-host": "0.0.0.0"}
-    probe = _readiness_probe(ray_version())
+    version = _ray_version()
+    probe = _readiness_probe(version)
     head_node_ports = dict(head_node_ports or {})
     unknown = sorted(set(head_node_ports) - set(HEAD_PORTS))
     if unknown:
         raise ValueError(f"head_node_ports names {unknown}; the head ports are "
                          f"{sorted(HEAD_PORTS)}.")
     spec: dict[str, Any] = {
-        "rayVersion": ray_version(),
+        "rayVersion": version,
         "enableInTreeAutoscaling": False,
         "headGroupSpec": {
             "rayStartParams": head_params,
@@ -173,7 +172,8 @@ def ray_cluster_manifest(
                                       init_containers=None if serving and auth == "token"
                                       else [_wait_for_head(image, name, auth,
                                                            env.get("env", []))],
-                                      readiness=None if serving else probe),
+                                      readiness=_readiness_probe(version, serve_proxy=True)
+                                      if serving else probe),
         })
     return {
         "apiVersion": "ray.io/v1",
@@ -225,20 +225,26 @@ def container_resources(node: NodeResources) -> dict[str, dict[str, str]]:
     return {"requests": dict(amounts), "limits": dict(amounts)}
 
 
-def ray_version() -> str:
+def _ray_version() -> str:
     import ray
 
     return ray.__version__
 
 
-def _readiness_probe(version: str) -> dict[str, Any] | None:
+def _readiness_probe(version: str, *, serve_proxy: bool = False) -> dict[str, Any] | None:
     """The readiness probe KubeRay would give a Ray node, asked sooner and more often.
 
     KubeRay's probe (``/api/healthz`` on the node's dashboard agent) waits 10 s before its
     first try and then 5 s between tries, so a node whose Ray is up in 3 s counts as ready
     after 10 s. This one asks after 1 s and then every second, and allows as many seconds of
-    failures (50) before the node counts as not ready again. None for a Ray without that
-    endpoint: KubeRay's own exec probe then applies.
+    failures (50) before the node counts as not ready again.
+
+    With ``serve_proxy`` (a RayService's worker pods) the probe also asks the node's Serve
+    proxy (``/-/healthz`` on the Serve port), as KubeRay's does for those pods, so that
+    KubeRay's serve Service sends traffic only to pods whose proxy serves; like KubeRay's,
+    one failure takes the pod out of it. It asks every 2 s (KubeRay: 5 s, after 10 s).
+
+    None for a Ray without the health endpoint: KubeRay's own exec probe then applies.
     """
     try:
         major, minor = (int(part) for part in version.split(".")[:2])
@@ -246,6 +252,13 @@ def _readiness_probe(version: str) -> dict[str, Any] | None:
         return None
     if (major, minor) < _HEALTH_SINCE:
         return None
+    if serve_proxy:
+        urls = (f"http://localhost:{_AGENT_PORT}{_HEALTH_PATH}",
+                f"http://localhost:{HEAD_PORTS['serve']}/-/healthz")
+        check = " && ".join(f"wget --tries 1 -T 1 -q -O /dev/null {url}" for url in urls)
+        return {"exec": {"command": ["bash", "-c", check]}, "initialDelaySeconds": 1,
+                "periodSeconds": 2, "timeoutSeconds": 3, "successThreshold": 1,
+                "failureThreshold": 1}
     return {"httpGet": {"path": _HEALTH_PATH, "port": _AGENT_PORT}, "initialDelaySeconds": 1,
             "periodSeconds": 1, "timeoutSeconds": 2, "successThreshold": 1,
             "failureThreshold": 50}

@@ -350,8 +350,8 @@ def test_the_wait_script_runs_until_the_check_passes(tmp_path, fq_ray_ip, fails,
 
 def test_nodes_count_as_ready_soon_after_their_ray_is_up():
     """KubeRay's own readiness probe (the node's ``/api/healthz``) first asks after 10 s; the
-    manifest gives the same probe asked after 1 s and every second, except to a RayService's
-    workers, whose KubeRay probe also checks their Serve proxy."""
+    manifest gives the same probe asked after 1 s and every second. A RayService's workers
+    get KubeRay's check of their Serve proxy too."""
     from michelangelo.uniflow.plugins.ray.kuberay import ray_service_manifest
     from michelangelo.uniflow.plugins.ray.kuberay._manifest import _readiness_probe
 
@@ -364,9 +364,16 @@ def test_nodes_count_as_ready_soon_after_their_ray_is_up():
     assert problems(manifest) == []
     served = ray_service_manifest({"applications": []}, TASKS["cpu-only"], name="svc")
     config = served["spec"]["rayClusterConfig"]
-    assert "readinessProbe" in config["headGroupSpec"]["template"]["spec"]["containers"][0]
+    head = config["headGroupSpec"]["template"]["spec"]["containers"][0]["readinessProbe"]
+    assert head["httpGet"]["path"] == "/api/healthz"
+    # A RayService's workers: the node and its Serve proxy, as KubeRay probes them, sooner.
     (group,) = config["workerGroupSpecs"]
-    assert "readinessProbe" not in group["template"]["spec"]["containers"][0]
+    probe = group["template"]["spec"]["containers"][0]["readinessProbe"]
+    check = probe["exec"]["command"][-1]
+    assert check.index("http://localhost:52365/api/healthz") < check.index(" && ") < check.index(
+        "http://localhost:8000/-/healthz")
+    assert probe["failureThreshold"] == 1 and probe["initialDelaySeconds"] == 1
+    assert problems(served | {"kind": "RayCluster", "spec": config}) == []
     # Before Ray 2.53 nodes have no such endpoint, and KubeRay probes them its own way.
     assert _readiness_probe("2.52.1") is None and _readiness_probe("2.53.0") is not None
     assert _readiness_probe("3.0.0.dev0") is not None
