@@ -40,9 +40,14 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 def default_image() -> str:
     """The official Ray image matching this client's Ray and Python versions."""
+    return f"rayproject/ray:{_ray_version()}-py{sys.version_info.major}{sys.version_info.minor}"
+
+
+def _ray_version() -> str:
+    """This client's Ray version: the cluster's ``rayVersion`` and image must match it."""
     import ray
 
-    return f"rayproject/ray:{ray.__version__}-py{sys.version_info.major}{sys.version_info.minor}"
+    return ray.__version__
 
 
 # The init container this manifest puts first in every worker pod (see ``_wait_for_head``).
@@ -223,12 +228,6 @@ def container_resources(node: NodeResources) -> dict[str, dict[str, str]]:
     if node.disk is not None:
         amounts["ephemeral-storage"] = str(node.disk)
     return {"requests": dict(amounts), "limits": dict(amounts)}
-
-
-def _ray_version() -> str:
-    import ray
-
-    return ray.__version__
 
 
 def _readiness_probe(version: str, *, serve_proxy: bool = False) -> dict[str, Any] | None:
