@@ -17,7 +17,12 @@ import pytorch_lightning as pl
 import ray.train.torch
 import torch
 import torch.distributed
+from pytorch_lightning.plugins.environments import ClusterEnvironment
 from typing_extensions import override
+
+from michelangelo.lib.trainer.torch.pytorch_lightning._strategies._ray_lightning import (
+    ray_lightning,
+)
 
 __all__ = ["RayModelParallelStrategy", "validate_fsdp2_kwargs"]
 
@@ -98,10 +103,13 @@ class RayModelParallelStrategy(pl.strategies.ModelParallelStrategy):
     * The process group Ray created is reused, with whatever backend it has (gloo on CPU).
 
     The LightningModule must implement ``configure_model()`` and apply
-    ``torch.distributed.fsdp.fully_shard`` there, as with the parent strategy. Use it with
-    ``RayLightningEnvironment`` as the cluster environment plugin (Ray's, or its
-    ``pytorch_lightning`` build where Ray built its own on the ``lightning`` package); do not
-    pass it through ``prepare_trainer``, which rejects it.
+    ``torch.distributed.fsdp.fully_shard`` there, as with the parent strategy. Its cluster
+    environment is always Ray's ``RayLightningEnvironment`` on ``pytorch_lightning`` (Ray's
+    class, or this package's build of it where Ray built its own on the ``lightning``
+    package). A hand-written Ray Train loop may pass that class as a plugin, as Ray's docs do,
+    or pass none. Lightning's own choice (``LightningEnvironment``, or Kubeflow's on a
+    Kubernetes pod) would count one process per node and shard over a world of one, so the
+    strategy swaps it for Ray's. Do not pass it through ``prepare_trainer``, which rejects it.
 
     Args:
         **kwargs: Forwarded to ``ModelParallelStrategy``. Checked with
@@ -112,6 +120,20 @@ class RayModelParallelStrategy(pl.strategies.ModelParallelStrategy):
         cleaned = validate_fsdp2_kwargs(kwargs)
         # The real sizes are only known inside the worker, in setup_environment.
         super().__init__(data_parallel_size="auto", tensor_parallel_size="auto", **cleaned)
+
+    # Lightning's ParallelStrategy keeps the environment as a plain attribute. A property here
+    # keeps it None until the Trainer hands one over (so giving Ray's as a plugin too is no
+    # conflict), then holds on to Ray's.
+    @property  # type: ignore[override]
+    def cluster_environment(self) -> ClusterEnvironment | None:
+        return self._ray_environment
+
+    @cluster_environment.setter
+    def cluster_environment(self, environment: ClusterEnvironment | None) -> None:
+        ray_environment = ray_lightning().environment
+        if environment is not None and not isinstance(environment, ray_environment):
+            environment = ray_environment()
+        self._ray_environment = environment
 
     @property
     @override

@@ -68,6 +68,24 @@ def test_non_dict_kwargs_are_a_type_error():
         validate_fsdp2_kwargs([("timeout", 1)])  # type: ignore[arg-type]
 
 
+def test_the_cluster_environment_is_always_rays():
+    from pytorch_lightning.plugins.environments import KubeflowEnvironment, LightningEnvironment
+
+    from michelangelo.lib.trainer.torch.pytorch_lightning._strategies import ray_lightning
+
+    ray_environment = ray_lightning().environment
+    strategy = RayModelParallelStrategy()
+    # None until the Trainer hands one over, so Ray's given as a plugin too is no conflict.
+    assert strategy.cluster_environment is None
+    given = ray_environment()
+    strategy.cluster_environment = given
+    assert strategy.cluster_environment is given
+    # Lightning's own choices (its default; Kubeflow's on a Kubernetes pod) give way to Ray's.
+    for lightning_choice in (LightningEnvironment(), KubeflowEnvironment()):
+        strategy.cluster_environment = lightning_choice
+        assert type(strategy.cluster_environment) is ray_environment
+
+
 def test_strategy_constructor_applies_the_same_checks():
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         RayModelParallelStrategy(tensor_parallel_size=2)

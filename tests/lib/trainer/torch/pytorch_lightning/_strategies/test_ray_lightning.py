@@ -21,7 +21,9 @@ import ray.train.lightning
 from _models import (
     ISOLATED_STATE_API,
     TinyRegressor,
+    create_tiny_fsdp2_model,
     make_regression_datasets,
+    regression_rows,
     ship_by_value,
 )
 from ray.train import RunConfig, ScalingConfig
@@ -70,6 +72,21 @@ def _needs_side_package() -> None:
         pytest.skip(f"no `lightning` package in {LIGHTNING_SIDE}: `make test` installs it")
 
 
+def _classes(cls: type) -> list[str]:
+    """``module.qualname`` of the class and each of its bases, nearest first."""
+    return [f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__]
+
+
+def _write_record(record_dir: str, rank: int, record: dict) -> None:
+    with open(os.path.join(record_dir, f"rank{rank}.json"), "w") as handle:
+        json.dump(record, handle)
+
+
+def _read_records(record_dir) -> list[dict]:
+    """What the two workers of a test wrote, by rank."""
+    return [json.loads((record_dir / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+
+
 def test_a_ray_strategy_built_on_lightning_is_refused_on_the_driver_with_the_fix():
     # As a user would pass it, on a machine with both packages: Ray's documented class.
     _needs_side_package()
@@ -100,22 +117,17 @@ class RecordingRegressor(TinyRegressor):
     def on_fit_start(self) -> None:
         import ray.train.lightning
 
-        def modules(cls: type) -> list[str]:
-            return [f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__]
-
         strategy = self.trainer.strategy
         record = {
             "lightning_importable": importlib.util.find_spec("lightning") is not None,
-            "ray_ddp": modules(ray.train.lightning.RayDDPStrategy),
-            "strategy": modules(type(strategy)),
-            "environment": modules(type(strategy.cluster_environment)),
+            "ray_ddp": _classes(ray.train.lightning.RayDDPStrategy),
+            "strategy": _classes(type(strategy)),
+            "environment": _classes(type(strategy.cluster_environment)),
             "rank": strategy.global_rank,
             "world_size": strategy.world_size,
             "device": str(strategy.root_device),
         }
-        path = os.path.join(self.record_dir, f"rank{self.global_rank}.json")
-        with open(path, "w") as handle:
-            json.dump(record, handle)
+        _write_record(self.record_dir, self.global_rank, record)
 
 
 def test_trains_where_lightning_is_installed_too(ray_cluster, tmp_path):
@@ -132,8 +144,7 @@ def test_trains_where_lightning_is_installed_too(ray_cluster, tmp_path):
         scaling_config=ScalingConfig(num_workers=2),
     ).train()
 
-    records = [json.loads((record_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
-    for rank, record in enumerate(records):
+    for rank, record in enumerate(_read_records(record_dir)):
         # The situation of the GPU check: Ray built its classes on lightning.pytorch.
         assert record["lightning_importable"]
         assert any(m.startswith("lightning.pytorch.") for m in record["ray_ddp"])
@@ -144,3 +155,61 @@ def test_trains_where_lightning_is_installed_too(ray_cluster, tmp_path):
         assert (record["rank"], record["world_size"], record["device"]) == (rank, 2, "cpu")
     assert result["metrics"]["step"] == 2  # 16 rows per worker, batch size 8
     assert os.path.exists(os.path.join(result["checkpoint_path"], "checkpoint.ckpt"))
+
+
+def _fsdp2_loop_without_plugins(config: dict) -> None:
+    """A hand-written Ray Train loop as Lightning's docs write one: no cluster environment given.
+
+    Where both packages are installed, Ray's ``RayLightningEnvironment`` is a
+    ``lightning.pytorch`` class that ``pytorch_lightning.Trainer`` refuses as a plugin, so this
+    is how such a loop has to be written there.
+    """
+    import pytorch_lightning as pl
+    import torch
+    from torch.utils.data import DataLoader
+
+    from michelangelo.lib.trainer.torch.pytorch_lightning import RayModelParallelStrategy
+
+    rows = regression_rows(64, seed=0)
+    loader = DataLoader(
+        [{"x": torch.from_numpy(r["x"]), "y": torch.tensor(r["y"])} for r in rows], batch_size=8
+    )
+    trainer = pl.Trainer(accelerator="cpu", devices="auto", strategy=RayModelParallelStrategy(),
+                         max_epochs=1, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, logger=False)
+    trainer.fit(create_tiny_fsdp2_model(hidden_dim=8), train_dataloaders=loader)
+    strategy = trainer.strategy
+    _write_record(config["record_dir"], strategy.global_rank, {
+        "lightning_importable": importlib.util.find_spec("lightning") is not None,
+        "rank": strategy.global_rank,
+        "world_size": strategy.world_size,
+        "dp_size": strategy.device_mesh["data_parallel"].size(),
+        "environment": _classes(type(strategy.cluster_environment)),
+        "global_step": trainer.global_step,
+    })
+
+
+def test_fsdp2_in_a_hand_written_loop_takes_its_ranks_from_ray(ray_cluster, tmp_path):
+    # Without a Ray environment Lightning picks its own from the process's variables, which
+    # counts one process per node here: FSDP2 then built its mesh for a world of one and
+    # rank 1 failed inside fully_shard with an IndexError.
+    _needs_side_package()
+    from ray.train.torch import TorchTrainer
+
+    record_dir = tmp_path / "records"
+    record_dir.mkdir()
+    result = TorchTrainer(
+        _fsdp2_loop_without_plugins,
+        train_loop_config={"record_dir": str(record_dir)},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="fsdp2-both-lightnings", storage_path=str(tmp_path / "ray")),
+    ).fit()
+    assert result.error is None
+    for rank, record in enumerate(_read_records(record_dir)):
+        assert record["lightning_importable"]
+        assert record["environment"][0].endswith(".RayLightningEnvironment")
+        # The pytorch_lightning build (its bases are lightning_fabric's), not Ray's class,
+        # which Ray built on the `lightning` package here.
+        assert not any(m.startswith("lightning.") for m in record["environment"])
+        assert (record["rank"], record["world_size"], record["dp_size"]) == (rank, 2, 2)
+        assert record["global_step"] == 4  # 64 rows / 2 ranks / batch 8
