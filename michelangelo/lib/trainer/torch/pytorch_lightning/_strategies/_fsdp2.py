@@ -130,9 +130,10 @@ class RayModelParallelStrategy(pl.strategies.ModelParallelStrategy):
 
     @cluster_environment.setter
     def cluster_environment(self, environment: ClusterEnvironment | None) -> None:
-        ray_environment = ray_lightning().environment
-        if environment is not None and not isinstance(environment, ray_environment):
-            environment = ray_environment()
+        if environment is not None:  # None comes from __init__, before the Trainer
+            ray_environment = ray_lightning().environment
+            if not isinstance(environment, ray_environment):
+                environment = ray_environment()
         self._ray_environment = environment
 
     @property
