@@ -46,6 +46,15 @@ def regression_rows(n_rows: int, seed: int = 0) -> list[dict[str, Any]]:
     return rows
 
 
+def regression_loader(n_rows: int = 64, batch_size: int = 8) -> torch.utils.data.DataLoader:
+    """A plain ``DataLoader`` of :func:`regression_rows` (seed 0) as tensor dicts, unshuffled."""
+    from torch.utils.data import DataLoader
+
+    items = [{"x": torch.from_numpy(r["x"]), "y": torch.tensor(r["y"])}
+             for r in regression_rows(n_rows, seed=0)]
+    return DataLoader(items, batch_size=batch_size)
+
+
 def make_regression_datasets(n_rows: int = 128, val_rows: int | None = None, seed: int = 0):
     """``(train_ds, val_ds)`` Ray datasets with numpy float32 columns ``x`` (8,) and ``y``."""
     import ray.data

@@ -22,11 +22,10 @@ from _models import (
     TinyRegressor,
     create_tiny_fsdp2_model,
     create_tiny_model,
-    regression_rows,
+    regression_loader,
     ship_by_value,
 )
 from ray.train import Checkpoint, RunConfig, ScalingConfig
-from torch.utils.data import DataLoader
 
 from michelangelo.lib.checkpoints import CheckpointFormat
 from michelangelo.lib.checkpoints import _formats as cf
@@ -39,12 +38,6 @@ ship_by_value(__name__)
 
 
 RAY_ENV_VARS = {**ISOLATED_STATE_API, **DEEPSPEED_CPU_ENV}
-
-
-def _loader(n_rows: int = 64) -> DataLoader:
-    rows = regression_rows(n_rows, seed=0)
-    items = [{"x": torch.from_numpy(r["x"]), "y": torch.tensor(r["y"])} for r in rows]
-    return DataLoader(items, batch_size=8)
 
 
 def _assert_same_weights(loaded: dict, reference: dict) -> None:
@@ -74,7 +67,7 @@ def full_file_run(tmp_path_factory):
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(model, train_dataloaders=_loader())
+    trainer.fit(model, train_dataloaders=regression_loader())
     folder = tmp_path_factory.mktemp("ddp") / "checkpoint_000000"
     folder.mkdir()
     trainer.save_checkpoint(folder / cf.CHECKPOINT_NAME)
@@ -265,7 +258,7 @@ def _train_and_save(kind: str, out_dir: Path) -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    trainer.fit(model, train_dataloaders=_loader())
+    trainer.fit(model, train_dataloaders=regression_loader())
     trainer.save_checkpoint(out_dir / cf.CHECKPOINT_NAME)
     reference = _full_weights(kind, model)
     if trainer.global_rank == 0:

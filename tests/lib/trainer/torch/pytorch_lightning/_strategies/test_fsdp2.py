@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import ray
 import torch
-from _models import ISOLATED_STATE_API, create_tiny_fsdp2_model, regression_rows, ship_by_value
+from _models import ISOLATED_STATE_API, create_tiny_fsdp2_model, regression_loader, ship_by_value
 from ray.train import Checkpoint, RunConfig, ScalingConfig
 
 from michelangelo.lib.trainer.torch.pytorch_lightning._strategies._fsdp2 import (
@@ -102,13 +102,9 @@ def _fsdp2_loop(config: dict) -> None:
     """Ray Train worker loop: fit an FSDP2 module, save a DCP checkpoint, report it."""
     import pytorch_lightning as pl
     from ray.train.lightning import RayLightningEnvironment
-    from torch.utils.data import DataLoader
 
     ctx = ray.train.get_context()
-    rows = regression_rows(64, seed=0)
-    loader = DataLoader(
-        [{"x": torch.from_numpy(r["x"]), "y": torch.tensor(r["y"])} for r in rows], batch_size=8
-    )
+    loader = regression_loader(64)
     model = create_tiny_fsdp2_model(hidden_dim=8)
     trainer = pl.Trainer(
         accelerator="cpu",

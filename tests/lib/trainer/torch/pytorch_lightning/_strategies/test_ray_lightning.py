@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import pytorch_lightning as pl
@@ -23,7 +24,7 @@ from _models import (
     TinyRegressor,
     create_tiny_fsdp2_model,
     make_regression_datasets,
-    regression_rows,
+    regression_loader,
     ship_by_value,
 )
 from ray.train import RunConfig, ScalingConfig
@@ -82,7 +83,7 @@ def _write_record(record_dir: str, rank: int, record: dict) -> None:
         json.dump(record, handle)
 
 
-def _read_records(record_dir) -> list[dict]:
+def _read_records(record_dir: Path) -> list[dict]:
     """What the two workers of a test wrote, by rank."""
     return [json.loads((record_dir / f"rank{rank}.json").read_text()) for rank in (0, 1)]
 
@@ -165,19 +166,13 @@ def _fsdp2_loop_without_plugins(config: dict) -> None:
     is how such a loop has to be written there.
     """
     import pytorch_lightning as pl
-    import torch
-    from torch.utils.data import DataLoader
 
     from michelangelo.lib.trainer.torch.pytorch_lightning import RayModelParallelStrategy
 
-    rows = regression_rows(64, seed=0)
-    loader = DataLoader(
-        [{"x": torch.from_numpy(r["x"]), "y": torch.tensor(r["y"])} for r in rows], batch_size=8
-    )
     trainer = pl.Trainer(accelerator="cpu", devices="auto", strategy=RayModelParallelStrategy(),
                          max_epochs=1, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, logger=False)
-    trainer.fit(create_tiny_fsdp2_model(hidden_dim=8), train_dataloaders=loader)
+    trainer.fit(create_tiny_fsdp2_model(hidden_dim=8), train_dataloaders=regression_loader(64))
     strategy = trainer.strategy
     _write_record(config["record_dir"], strategy.global_rank, {
         "lightning_importable": importlib.util.find_spec("lightning") is not None,

@@ -15,11 +15,11 @@ from _models import (
     create_seeded_model,
     create_tiny_model,
     make_regression_datasets,
+    regression_loader,
     regression_rows,
     ship_by_value,
 )
 from ray.train import RunConfig, ScalingConfig
-from torch.utils.data import DataLoader
 
 from michelangelo.lib.checkpoints import CHECKPOINT_NAME
 from michelangelo.lib.model_registry import ModelRegistry
@@ -72,12 +72,6 @@ def _trainer(data, tmp_path, name, max_epochs, spec=None, **param) -> LightningT
     )
 
 
-def _loader() -> DataLoader:
-    rows = regression_rows(32, seed=0)
-    return DataLoader([{"x": torch.from_numpy(r["x"]), "y": torch.tensor(r["y"])} for r in rows],
-                      batch_size=8)
-
-
 class _Seen(pl.Callback):
     def __init__(self) -> None:
         self.epochs: list[int] = []
@@ -97,7 +91,7 @@ def _fit(model, max_epochs, callbacks):
     trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=max_epochs, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, callbacks=callbacks)
-    trainer.fit(model, _loader())
+    trainer.fit(model, regression_loader(32))
     return trainer
 
 
