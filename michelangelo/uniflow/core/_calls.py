@@ -219,7 +219,13 @@ class TaskCalls:
         return value
 
 
-def bind_arguments(signature: inspect.Signature, args: tuple, kwargs: dict, name: str) -> dict[str, Any]:
+def bind_arguments(signature: inspect.Signature, args: tuple, kwargs: dict,
+                   name: str) -> dict[str, Any]:
+    """A call's arguments by parameter name, defaults applied.
+
+    Raises:
+        TypeError: The arguments do not fit the signature (as calling the function would).
+    """
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError as exc:

@@ -15,7 +15,7 @@ from typing import Any
 from michelangelo.uniflow.core._remote import RemoteCall
 from michelangelo.uniflow.core.errors import UserError
 
-# A hook's ``run`` is the ``Run`` the task call belongs to (michelangelo.uniflow.core.plugin.Run),
+# A hook's ``run`` is the ``Run`` the task call belongs to (``uniflow.core.plugin.Run``),
 # typed Any here: the run calls its tasks' plugins, so this module sits below the run's.
 Run = Any
 

@@ -240,7 +240,8 @@ class Run(TaskCalls):
     # -- the run as a whole ------------------------------------------------------------------
     def execute(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         self.record.arguments = self.store.describe_args(
-            bind_arguments(inspect.signature(fn), args, kwargs, getattr(fn, "__name__", "workflow")))
+            bind_arguments(inspect.signature(fn), args, kwargs,
+                           getattr(fn, "__name__", "workflow")))
         self.store.save_run(self.record)
         self.reporter.run_started(self.record)
         token = set_active_run(self)
