@@ -2,18 +2,26 @@
 
 A *package* is every directory under ``michelangelo/`` that has an ``__init__.py``; a parent
 and its subpackages are different packages (``plugins.ray`` and ``plugins.ray.kuberay``,
-``uniflow.core`` and ``uniflow.core.lib``). Two rules:
+``uniflow.core`` and ``uniflow.core.lib``). Three rules:
 
 1. A module may import underscored modules and names only from its own package. Everything
    another package needs is a public name of that package (``uniflow.core.plugin``,
    ``plugins.ray.provisioning``, ``plugins.ray.standing``, ...).
 2. The imports between packages form no cycle.
+3. Within one package, the imports between its modules form no cycle either, so that no
+   module needs a deferred import to reach a sibling. A package's ``__init__`` is one of its
+   modules: its imports of the others are edges. A module that imports its own package's
+   face (``from michelangelo.uniflow.core import Task`` inside ``uniflow.core``) imports
+   that ``__init__``, which is what Python runs too; where the ``__init__`` imports the
+   module back, directly or through others, that is a cycle with ``__init__`` in it: import
+   the sibling module directly instead. Imports of subpackages and parents belong to rule 2.
 
 Examples (``examples/``) import only public names, like any user; so do benchmarks
 (``bench/``), but for the internals that ``BENCH_INTERNALS`` lists with a reason.
 
 Every import statement counts, wherever it is: module level, inside functions, under
-``TYPE_CHECKING``. Imports by string (``importlib.import_module``, entry points) are not
+``TYPE_CHECKING`` (an import that only a type checker runs is still a dependency a reader
+follows, and a deferred import is how a cycle hides). Imports by string (``importlib.import_module``, entry points) are not
 statements and are not seen; the Ray plugin loads KubeRay through an entry point on purpose,
 so that KubeRay depends on the plugin and not the other way round.
 """
@@ -115,40 +123,63 @@ class Tree:
         return edges
 
     def cycles(self) -> list[list[str]]:
-        """The strongly connected groups of packages (Tarjan): each one holds a cycle."""
-        edges = self.graph()
-        index: dict[str, int] = {}
-        low: dict[str, int] = {}
-        stack: list[str] = []
-        on_stack: set[str] = set()
-        groups: list[list[str]] = []
+        """The strongly connected groups of packages: each one holds a cycle."""
+        return _strongly_connected(self.graph())
 
-        def visit(package: str) -> None:
-            index[package] = low[package] = len(index)
-            stack.append(package)
-            on_stack.add(package)
-            for other in sorted(edges[package]):
-                if other not in index:
-                    visit(other)
-                    low[package] = min(low[package], low[other])
-                elif other in on_stack:
-                    low[package] = min(low[package], index[other])
-            if low[package] == index[package]:
-                group = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    group.append(member)
-                    if member == package:
-                        break
-                if len(group) > 1:
-                    groups.append(sorted(group))
+    def module_graph(self) -> dict[str, set[str]]:
+        """Module -> the modules of its own package it imports (``__init__`` as the package)."""
+        modules = {self.module_name(path) for path in (self.root / "michelangelo").rglob("*.py")}
+        edges: dict[str, set[str]] = {module: set() for module in modules}
+        for imp in self.imports():
+            me = self.module_name(imp.source)
+            if imp.module in modules and imp.module != me and (
+                    self.package_of(imp.module) == self.package_of(me)):
+                edges[me].add(imp.module)
+        return edges
 
-        for package in sorted(edges):
-            if package not in index:
-                visit(package)
-        return sorted(groups)
+    def module_cycles(self) -> list[str]:
+        """Each cycle between modules of one package: ``package: module, module, ...``."""
+        found = []
+        for group in _strongly_connected(self.module_graph()):
+            package = self.package_of(group[0])
+            names = sorted("__init__" if m == package else m.rsplit(".", 1)[1] for m in group)
+            found.append(f"{package}: {', '.join(names)}")
+        return found
 
+
+def _strongly_connected(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one node (Tarjan), each one sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in sorted(edges[node]):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return sorted(groups)
 
 def test_no_package_imports_another_packages_private_modules_or_names():
     found = Tree(ROOT).private_imports()
@@ -229,6 +260,15 @@ def test_no_import_cycle_between_packages():
         "joins:\n" + "\n".join(" <-> ".join(group) for group in cycles))
 
 
+def test_no_import_cycle_between_the_modules_of_a_package():
+    cycles = Tree(ROOT).module_cycles()
+    assert not cycles, (
+        "The modules below import each other (directly or through others, deferred imports "
+        "included). Move what both need to a module below them, or pass it in; a module "
+        "imports a sibling directly, not through its package's __init__:\n"
+        + "\n".join(cycles))
+
+
 def test_the_readme_names_every_package_in_its_architecture_section():
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Architecture", 1)[1].split("\n## ", 1)[0]
@@ -289,6 +329,36 @@ def test_the_checks_catch_private_imports_and_cycles_in_a_bad_tree(tmp_path):
     assert _private_in(tmp_path, "bench") == ["bench/bench_demo.py:2: michelangelo.a._x.value"]
 
 
+def test_the_module_check_catches_cycles_within_a_package(tmp_path):
+    _write(tmp_path, {
+        "michelangelo/__init__.py": "",
+        "michelangelo/a/__init__.py": "from michelangelo.a._x import run\nfrom . import _z\n",
+        "michelangelo/a/_x.py": """\
+            def run():
+                from michelangelo.a._y import helper  # deferred, still an edge
+            """,
+        "michelangelo/a/_y.py": """\
+            from typing import TYPE_CHECKING
+
+            if TYPE_CHECKING:
+                from michelangelo.a._x import run  # for the type checker only, still an edge
+            """,
+        "michelangelo/a/_z.py": "from michelangelo.a import run\n",  # the package's own face
+        "michelangelo/a/face.py": "from michelangelo.a import run\n",  # not imported back: fine
+        "michelangelo/a/sub/__init__.py": "from michelangelo.a import run\n",  # rule 2's
+        "michelangelo/a/sub/_w.py": "from michelangelo.a.sub import thing\n",
+        "michelangelo/b/__init__.py": "from michelangelo.a import run\n",
+    })
+    tree = Tree(tmp_path)
+
+    assert tree.module_cycles() == [
+        "michelangelo.a: __init__, _z",
+        "michelangelo.a: _x, _y",
+    ]
+    assert tree.module_graph()["michelangelo.a.sub"] == set()
+    assert tree.cycles() == []
+
+
 def test_the_checks_pass_a_tree_that_keeps_the_rules(tmp_path):
     _write(tmp_path, {
         "michelangelo/__init__.py": "",
@@ -301,4 +371,6 @@ def test_the_checks_pass_a_tree_that_keeps_the_rules(tmp_path):
 
     assert tree.private_imports() == []
     assert tree.cycles() == []
+    assert tree.module_cycles() == []
     assert tree.graph()["michelangelo.b"] == {"michelangelo.a"}
+    assert tree.module_graph()["michelangelo.a"] == {"michelangelo.a._x"}

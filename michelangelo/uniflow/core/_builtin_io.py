@@ -10,7 +10,8 @@ from typing import Any
 
 import cloudpickle
 
-from michelangelo.uniflow.core._io import ValueIO, register_io
+from michelangelo.uniflow.core._fingerprint import value_fingerprint
+from michelangelo.uniflow.core._io import ValueIO, io_for, io_named, register_io
 from michelangelo.uniflow.core._storage import Storage
 
 
@@ -190,8 +191,6 @@ class ContainerIO(ValueIO):
         return [(str(i), v) for i, v in enumerate(value)]
 
     def write(self, value: Any, storage: Storage, folder: str) -> dict:
-        from michelangelo.uniflow.core._io import io_for
-
         items = []
         for index, (key, item) in enumerate(self._items(value)):
             io = io_for(item)
@@ -207,8 +206,6 @@ class ContainerIO(ValueIO):
         }
 
     def _each(self, storage: Storage, folder: str, meta: dict, method: str) -> Any:
-        from michelangelo.uniflow.core._io import io_named
-
         values = []
         for index, item in enumerate(meta["items"]):
             io = io_named(item["io"])
@@ -229,8 +226,6 @@ class ContainerIO(ValueIO):
         return self._each(storage, folder, meta, "travelling")
 
     def fingerprint(self, value: Any) -> str | None:
-        from michelangelo.uniflow.core._fingerprint import value_fingerprint
-
         return value_fingerprint(value)
 
 

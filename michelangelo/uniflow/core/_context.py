@@ -189,9 +189,3 @@ def _short_failures_in_scripts() -> None:
 
     hook.__uniflow__ = True  # type: ignore[attr-defined]
     sys.excepthook = hook
-
-
-def run_callable(name: str, body: Callable[[], Any]) -> Any:
-    """Run ``body`` as a run of its own (a task or workflow called outside any context)."""
-    run = Run(name, reporter=Reporter())
-    return run.execute(lambda: body(), (), {})

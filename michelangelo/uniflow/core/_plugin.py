@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from michelangelo.uniflow.core._remote import RemoteCall
 from michelangelo.uniflow.core.errors import UserError
 
-if TYPE_CHECKING:
-    from michelangelo.uniflow.core._remote import RemoteCall
-    from michelangelo.uniflow.core._run import Run
+# A hook's ``run`` is the ``Run`` the task call belongs to (``uniflow.core.plugin.Run``),
+# typed Any here: the run calls its tasks' plugins, so this module sits below the run's.
+Run = Any
 
 
 class TaskPlugin:

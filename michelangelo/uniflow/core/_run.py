@@ -1,10 +1,12 @@
-"""One workflow run: calls tasks, persists their results, resumes and caches."""
+"""One workflow run: its lifecycle, from start to the last cleanup, and what it offers plugins.
+
+The task calls a run makes are its call state machine (:mod:`._calls`, a mixin of
+:class:`Run`); what is running now lives in :mod:`._runtime`.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
-import copy
 import datetime
 import inspect
 import os
@@ -12,83 +14,30 @@ import posixpath
 import tempfile
 import threading
 import time
-import traceback
 import uuid
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from michelangelo.uniflow.core import _builtin_io  # noqa: F401  (registers the built-in IOs)
+from michelangelo.uniflow.core._calls import TaskCalls, bind_arguments
 from michelangelo.uniflow.core._console import Reporter
-from michelangelo.uniflow.core._fingerprint import call_key, inputs_fingerprint
-from michelangelo.uniflow.core._io import io_named, write_value
+from michelangelo.uniflow.core._failures import error_dict, raiser
 from michelangelo.uniflow.core._logs import capture_output, capture_thread_output
-from michelangelo.uniflow.core._plugin import TaskPlugin, find_plugin
 from michelangelo.uniflow.core._records import (
     RunRecord,
     RunState,
     RunStore,
     TaskRecord,
-    TaskState,
-)
-from michelangelo.uniflow.core._remote import (
-    prepare_remote_call,
-    read_remote_artifacts,
-    read_remote_result,
 )
 from michelangelo.uniflow.core._runtime import (
-    CallInfo,
+    CallScope,
+    active_run,
     current_call,
-    reset_current_call,
-    set_current_call,
+    current_scope,
+    reset_active_run,
+    set_active_run,
 )
 from michelangelo.uniflow.core._storage import Storage
-from michelangelo.uniflow.core._timeout import time_limit
-from michelangelo.uniflow.core.errors import RemoteTaskError, RunNotFoundError
-
-if TYPE_CHECKING:
-    from michelangelo.uniflow.core._task import Task
-
-_ACTIVE_RUN: contextvars.ContextVar[Run | None] = contextvars.ContextVar(
-    "uniflow_active_run", default=None
-)
-
-
-class CallScope:
-    """Numbers the task calls made in one thread of control (the workflow, or one branch).
-
-    The workflow body numbers its calls ``001-``, ``002-``, ...; a concurrent branch numbers
-    the calls it makes itself under its own prefix (``003-train[1].001-``), so that every id
-    depends only on call order within its branch, never on how branches interleave.
-    """
-
-    def __init__(self, prefix: str = "") -> None:
-        self.prefix = prefix
-        self._count = 0
-        self._lock = threading.Lock()
-
-    def next(self) -> int:
-        with self._lock:
-            self._count += 1
-            return self._count
-
-
-_SCOPE: contextvars.ContextVar[CallScope | None] = contextvars.ContextVar(
-    "uniflow_call_scope", default=None
-)
-
-
-@contextlib.contextmanager
-def call_scope(prefix: str) -> Iterator[None]:
-    """Number the task calls made inside the block under ``prefix``."""
-    token = _SCOPE.set(CallScope(prefix))
-    try:
-        yield
-    finally:
-        _SCOPE.reset(token)
-
-
-def active_run() -> Run | None:
-    return _ACTIVE_RUN.get()
+from michelangelo.uniflow.core.errors import RunNotFoundError
 
 
 def record_artifact(kind: str, **fields: Any) -> bool:
@@ -125,7 +74,7 @@ def new_run_id(workflow: str) -> str:
     return f"{stamp}-{uuid.uuid4().hex[:6]}"
 
 
-class Run:
+class Run(TaskCalls):
     """State and side effects of one run of a workflow (or of a task called on its own)."""
 
     def __init__(
@@ -218,7 +167,7 @@ class Run:
         ``sequence`` reuses a number taken with :meth:`next_sequence` (a batch's branches
         share one: ``003-train[0]``, ``003-train[1]``); ``branch`` adds the index.
         """
-        scope = _SCOPE.get() or self._root_scope
+        scope = current_scope() or self._root_scope
         number = scope.next() if sequence is None else sequence
         call_id = f"{scope.prefix}{number:03d}-{name}"
         if branch is not None:
@@ -230,7 +179,7 @@ class Run:
 
     def next_sequence(self) -> tuple[str, int]:
         """A call number for a batch of branches: ``(scope prefix, number)``."""
-        scope = _SCOPE.get() or self._root_scope
+        scope = current_scope() or self._root_scope
         return scope.prefix, scope.next()
 
     def concurrency_changed(self, delta: int) -> None:
@@ -291,10 +240,11 @@ class Run:
     # -- the run as a whole ------------------------------------------------------------------
     def execute(self, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
         self.record.arguments = self.store.describe_args(
-            _bind(inspect.signature(fn), args, kwargs, getattr(fn, "__name__", "workflow")))
+            bind_arguments(inspect.signature(fn), args, kwargs,
+                           getattr(fn, "__name__", "workflow")))
         self.store.save_run(self.record)
         self.reporter.run_started(self.record)
-        token = _ACTIVE_RUN.set(self)
+        token = set_active_run(self)
         # Output between tasks (the workflow body, cluster teardown) has a log of its own.
         driver_log = posixpath.join(self.store.run_dir(self.run_id), "logs", "driver.log")
         outer = self._output_log(driver_log) if self.reporter.quiet else contextlib.nullcontext()
@@ -304,13 +254,13 @@ class Run:
         except BaseException as exc:
             interrupted = isinstance(exc, (KeyboardInterrupt, SystemExit))
             self.record.state = RunState.INTERRUPTED if interrupted else RunState.FAILED
-            self.record.error = _error_dict(exc)
+            self.record.error = error_dict(exc)
             raise
         else:
             self.record.state = RunState.SUCCEEDED
             return value
         finally:
-            _ACTIVE_RUN.reset(token)
+            reset_active_run(token)
             try:
                 self._close()
             finally:
@@ -334,7 +284,7 @@ class Run:
         try:
             self._close()
         except Exception as exc:  # noqa: BLE001 - re-raised by the outer _close
-            self._cleanups.append(_raiser(exc))
+            self._cleanups.append(raiser(exc))
 
     def _close(self) -> None:
         errors = []
@@ -347,277 +297,8 @@ class Run:
         if errors:
             raise errors[0]
 
-    # -- one task call ---------------------------------------------------------------------
-    def call_task(self, task: Task, args: tuple, kwargs: dict) -> Any:
-        call_id = self.reserve_call_id(task.name)
-        return self.call_task_as(task, call_id, args, kwargs)
 
-    def call_task_as(self, task: Task, call_id: str, args: tuple, kwargs: dict, *,
-                     label: str | None = None) -> Any:
-        """Call ``task`` under a call id already reserved; ``label`` names it in errors."""
-        args, kwargs = resolve_futures(args, kwargs)
-        arguments = _bind(task.signature, args, kwargs, task.name)
-        input_fp = inputs_fingerprint(arguments)
-        key = call_key(task.identity, task.code_fingerprint, input_fp, task.cache_version)
-        record = TaskRecord(
-            call_id=call_id,
-            task_name=task.name,
-            key=key,
-            code_fingerprint=task.code_fingerprint,
-            inputs_fingerprint=input_fp,
-            config=repr(task.config) if task.config is not None else None,
-        )
-        reused = self._from_previous(record) or (task.cache and self._from_cache(record))
-        if reused:
-            return reused[0]
-        return self._execute(task, record, arguments, label or task.name)
-
-    def _from_previous(self, record: TaskRecord) -> tuple[Any] | None:
-        previous = self._previous.get(record.call_id)
-        if previous is None or not previous.state.done_ok or previous.key is None:
-            return None
-        if previous.key != record.key or previous.output is None:
-            return None
-        value = self._load_output(previous.output)
-        if value is _MISSING:
-            return None
-        self._transition(record, TaskState.REUSED, output=previous.output,
-                         source_run=previous.source_run or self.record.resumed_from)
-        return (value,)
-
-    def _from_cache(self, record: TaskRecord) -> tuple[Any] | None:
-        if record.key is None:
-            return None
-        entry = self.storage.try_read_json(self._cache_entry(record.key))
-        if not entry:
-            return None
-        value = self._load_output(entry["output"])
-        if value is _MISSING:
-            return None
-        self._transition(record, TaskState.CACHED, output=entry["output"],
-                         source_run=entry.get("run_id"))
-        return (value,)
-
-    def _transition(self, record: TaskRecord, state: TaskState, **fields: Any) -> None:
-        """The one way a task's state changes: checked, stamped, saved, then announced.
-
-        Raises:
-            RuntimeError: ``state`` does not follow the record's state (a uniflow bug).
-        """
-        if not record.state.can_become(state):
-            raise RuntimeError(
-                f"task {record.call_id}: {record.state.value} -> {state.value} is not a task "
-                "transition (a bug in uniflow; please report it)")
-        now = time.time()
-        record.state = state
-        for name, value in fields.items():
-            setattr(record, name, value)
-        record.started = record.started or now
-        if state.is_final:
-            record.ended = now
-        self.store.save_task(self.run_id, record)
-        # The reporter gets this transition's copy: a concurrent branch's record changes in
-        # its own thread, and a console reading the live object would see a state it has
-        # not been told of yet (an "in flight" line that left out a running branch).
-        self.reporter.task_changed(copy.copy(record))
-
-    def _cache_entry(self, key: str) -> str:
-        return self.storage.join("cache", f"{key}.json")
-
-    def _load_output(self, output: dict) -> Any:
-        return load_output(self.storage, output)
-
-    def _execute(self, task: Task, record: TaskRecord, arguments: dict[str, Any],
-                 label: str) -> Any:
-        plugin = find_plugin(task.config)
-        elsewhere = plugin.runs_elsewhere(task.config, self)
-        call_dir = self.store.call_dir(self.run_id, record.call_id)
-        record.started = time.time()
-        last_exc: BaseException | None = None
-        for attempt in range(1, task.retries + 2):
-            self._transition(record, TaskState.RUNNING, attempts=attempt)
-            info = CallInfo(self.run_id, record.call_id, task.name, attempt, self.storage, call_dir)
-            log_path = self.store.log_path(self.run_id, record.call_id, attempt)
-            token = set_current_call(info)
-            with self._record_lock:
-                self._running[record.call_id] = record
-            try:
-                with (
-                    self._output_log(log_path),
-                    plugin.execution(task.config, self),
-                ):
-                    if elsewhere:
-                        travelling = self._attempt_elsewhere(plugin, task, record, call_dir,
-                                                             arguments)
-                    else:
-                        resolved = _resolve(task.annotations, arguments)
-                        with time_limit(task.timeout, task.name):
-                            value = task.fn(**resolved)
-                        travelling = self._persist(record, call_dir, value)
-            except Exception as exc:
-                last_exc = exc
-                record.error = _error_dict(exc)
-                retryable = getattr(exc, "uniflow_retryable", True) and attempt <= task.retries
-                if retryable:
-                    self.info(f"task {record.call_id} attempt {attempt} failed "
-                              f"({type(exc).__name__}: {exc}); retrying")
-                    continue
-                break
-            except BaseException as exc:  # Ctrl-C, SystemExit: record and stop at once
-                self._transition(record, TaskState.FAILED, error=_error_dict(exc))
-                raise
-            finally:
-                reset_current_call(token)
-                with self._record_lock:
-                    self._running.pop(record.call_id, None)
-            if task.cache and record.key is not None:  # the output is already persisted
-                self.storage.write_json(
-                    self._cache_entry(record.key),
-                    {"output": record.output, "run_id": self.run_id, "task": task.identity},
-                )
-            self._transition(record, TaskState.SUCCEEDED, error=None)
-            return travelling
-
-        assert last_exc is not None
-        assert record.error is not None
-        self._transition(record, TaskState.FAILED,
-                         error={**record.error, "logs_command": self._logs_command(record.call_id)})
-        raise _summarized(_prefixed(last_exc, label), self.reporter)
-
-    def _logs_command(self, call_id: str) -> str:
-        command = f"michelangelo runs logs {self.run_id} {call_id}"
-        if self.storage.url != Storage().url:
-            command += f" --storage-url {self.storage.url}"
-        return command
-
-    def _persist(self, record: TaskRecord, call_dir: str, value: Any) -> Any:
-        record.output, travelling = persist_value(self.storage, call_dir, record.attempts, value)
-        return travelling
-
-    def _attempt_elsewhere(self, plugin: TaskPlugin, task: Task, record: TaskRecord,
-                           call_dir: str, arguments: dict[str, Any]) -> Any:
-        """One attempt run by the plugin somewhere else; its result comes back via storage."""
-        call = prepare_remote_call(self.storage, task, self.run_id, record.call_id,
-                                   record.attempts, call_dir, arguments)
-        plugin.run_elsewhere(task.config, self, call)
-        for entry in read_remote_artifacts(self.storage, call):
-            self.add_artifact(record.call_id, entry)
-        output = read_remote_result(self.storage, call)
-        value = load_output(self.storage, output)
-        if value is _MISSING:
-            raise RemoteTaskError(
-                f"task {task.name!r}: the remote attempt reported its result at "
-                f"{output['folder']}, but this machine cannot see it there. Use a storage URL "
-                "both this machine and the cluster can reach."
-            )
-        record.output = output
-        return value
-
-
-_MISSING = object()
-
-
-def persist_value(storage: Storage, call_dir: str, attempt: int, value: Any) -> tuple[dict, Any]:
-    """Write one attempt's result atomically; return its output record and travelling value."""
-    final = posixpath.join(call_dir, f"output-{attempt}")
-    io, meta = write_value(storage, final, value)
-    return ({"io": io.name, "folder": final, "meta": meta},
-            io.travelling(value, storage, final, meta))
-
-
-def load_output(storage: Storage, output: dict) -> Any:
-    """The travelling value of a stored output, or ``_MISSING`` if its folder is gone."""
-    io = io_named(output["io"])
-    folder = output["folder"]
-    if not storage.exists(folder):
-        return _MISSING
-    value = io.read(storage, folder, output["meta"])
-    return io.travelling(value, storage, folder, output["meta"])
-
-
-def resolve_futures(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Wait for the futures among a call's arguments (also inside lists, tuples and dicts)."""
-    return tuple(_resolved(a) for a in args), {k: _resolved(v) for k, v in kwargs.items()}
-
-
-def _resolved(value: Any) -> Any:
-    if getattr(type(value), "__uniflow_future__", False):
-        return value.result()
-    if type(value) in (list, tuple):
-        return type(value)(_resolved(v) for v in value)
-    if type(value) is dict:
-        return {k: _resolved(v) for k, v in value.items()}
-    return value
-
-
-def _bind(signature: inspect.Signature, args: tuple, kwargs: dict, name: str) -> dict[str, Any]:
-    try:
-        bound = signature.bind(*args, **kwargs)
-    except TypeError as exc:
-        raise TypeError(f"{name}(): {exc}") from None
-    bound.apply_defaults()
-    return dict(bound.arguments)
-
-
-def _resolve(hints: dict[str, Any], arguments: dict[str, Any]) -> dict[str, Any]:
-    """Turn handles into what the task's annotations ask for (e.g. a Ray Dataset)."""
-    resolved = {}
-    for name, value in arguments.items():
-        resolver = getattr(value, "uniflow_resolve", None)
-        resolved[name] = resolver(hints.get(name)) if resolver else value
-    return resolved
-
-
-def _error_dict(exc: BaseException) -> dict:
-    error = {
-        "type": type(exc).__name__,
-        "message": str(exc)[:2000],
-        "traceback": "".join(traceback.format_exception(exc))[-8000:],
-    }
-    # A plugin that knows more (which worker failed, its last log lines) attaches it here.
-    detail = getattr(exc, "uniflow_failure_detail", None)
-    if isinstance(detail, dict):
-        error["detail"] = detail
-    return error
-
-
-def _raiser(exc: BaseException) -> Callable[[], None]:
-    def again() -> None:
-        raise exc
-
-    return again
-
-
-def _summarized(exc: BaseException, reporter: Reporter) -> BaseException:
-    """Mark ``exc`` as already shown to the user by a quiet console's failure summary."""
-    if reporter.quiet:
-        with contextlib.suppress(AttributeError, TypeError):
-            exc.__uniflow_summarized__ = True
-    return exc
-
-
-def _prefixed(exc: BaseException, task_name: str) -> BaseException:
-    """The user's own exception, its message prefixed with the task name."""
-    return prefixed(exc, f"task {task_name!r} failed: ")
-
-
-def prefixed(exc: BaseException, prefix: str) -> BaseException:
-    """``exc`` itself (its type unchanged), its message starting with ``prefix``."""
-    args = exc.args
-    if args and isinstance(args[0], str):
-        if not args[0].startswith(prefix):
-            exc.args = (prefix + args[0], *args[1:])
-    elif not args:
-        exc.args = (prefix.rstrip(": "),)
-    else:
-        exc.add_note(prefix.rstrip(": "))
-    return exc
-
-
-@contextlib.contextmanager
-def no_run() -> Iterator[None]:
-    token = _ACTIVE_RUN.set(None)
-    try:
-        yield
-    finally:
-        _ACTIVE_RUN.reset(token)
+def run_callable(name: str, body: Callable[[], Any]) -> Any:
+    """Run ``body`` as a run of its own (a task or workflow called outside any context)."""
+    run = Run(name, reporter=Reporter())
+    return run.execute(lambda: body(), (), {})

@@ -12,6 +12,9 @@ from typing_extensions import ParamSpec
 
 from michelangelo.uniflow.core._fingerprint import code_fingerprint
 from michelangelo.uniflow.core._plugin import find_plugin
+from michelangelo.uniflow.core._run import run_callable
+from michelangelo.uniflow.core._runtime import active_run
+from michelangelo.uniflow.core.errors import UserError
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -31,17 +34,17 @@ class Task(Generic[P, R]):
         cache_version: str | None = None,
     ) -> None:
         if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-            raise ValueError(
+            raise UserError(
                 f"@uniflow.task(retries={retries!r}) on {fn.__qualname__}: retries must be a "
                 "whole number >= 0, e.g. retries=2."
             )
         if timeout is not None and (isinstance(timeout, bool) or not timeout > 0):
-            raise ValueError(
+            raise UserError(
                 f"@uniflow.task(timeout={timeout!r}) on {fn.__qualname__}: timeout must be a "
                 "positive number of seconds (or None for no limit), e.g. timeout=600."
             )
         if cache_version is not None and not isinstance(cache_version, str):
-            raise ValueError(
+            raise UserError(
                 f"@uniflow.task(cache_version={cache_version!r}) on {fn.__qualname__}: use a "
                 "string such as cache_version='v2'."
             )
@@ -88,7 +91,7 @@ class Task(Generic[P, R]):
         }
         unknown = set(changes) - set(options)
         if unknown:
-            raise ValueError(
+            raise UserError(
                 f"{self.name}.with_overrides(): unknown option(s) {sorted(unknown)}; "
                 f"valid options are {sorted(options)}."
             )
@@ -96,9 +99,6 @@ class Task(Generic[P, R]):
         return Task(self.fn, **options)
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        from michelangelo.uniflow.core._context import run_callable
-        from michelangelo.uniflow.core._run import active_run
-
         run = active_run()
         if run is not None:
             return run.call_task(self, args, kwargs)

@@ -8,6 +8,9 @@ from typing import Any, Generic, TypeVar
 
 from typing_extensions import ParamSpec
 
+from michelangelo.uniflow.core._run import run_callable
+from michelangelo.uniflow.core._runtime import active_run
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
@@ -24,9 +27,6 @@ class Workflow(Generic[P, R]):
         return self.fn.__name__
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        from michelangelo.uniflow.core._context import run_callable
-        from michelangelo.uniflow.core._run import active_run
-
         if active_run() is not None:
             return self.fn(*args, **kwargs)
         return run_callable(self.name, lambda: self.fn(*args, **kwargs))

@@ -15,6 +15,7 @@ Typical use::
 """
 
 from michelangelo.uniflow.core._context import RunOption, register_run_option
+from michelangelo.uniflow.core._failures import prefixed
 from michelangelo.uniflow.core._io import ValueIO, register_io
 from michelangelo.uniflow.core._plugin import TaskPlugin, find_plugin, register_plugin
 from michelangelo.uniflow.core._records import (
@@ -24,22 +25,13 @@ from michelangelo.uniflow.core._records import (
     TaskRecord,
     TaskState,
 )
-from michelangelo.uniflow.core._remote import (
-    RemoteCall,
-    execute_remote_call,
-    read_remote_artifacts,
-)
-from michelangelo.uniflow.core._run import (
-    Run,
-    active_run,
-    call_scope,
-    prefixed,
-    record_artifact,
-    resolve_futures,
-)
-from michelangelo.uniflow.core._runtime import current_call
+from michelangelo.uniflow.core._remote import RemoteCall, read_remote_artifacts
+from michelangelo.uniflow.core._remote_attempt import execute_remote_call
+from michelangelo.uniflow.core._run import Run, record_artifact
+from michelangelo.uniflow.core._runtime import active_run, call_scope, current_call
 from michelangelo.uniflow.core._storage import ENV_STORAGE_URL, Storage, storage_url
 from michelangelo.uniflow.core._timeout import interrupt_thread, wait_awake
+from michelangelo.uniflow.core._values import resolve_futures
 
 __all__ = [
     "ENV_STORAGE_URL",

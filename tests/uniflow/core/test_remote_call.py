@@ -38,8 +38,8 @@ class AnotherProcessPlugin(uniflow.TaskPlugin):
 
     def run_elsewhere(self, config, run, call) -> None:
         self.calls.append(call)
-        code = ("import sys; from michelangelo.uniflow.core._remote import RemoteCall, "
-                "execute_remote_call; from michelangelo.uniflow.core._storage import Storage; "
+        code = ("import sys; from michelangelo.uniflow.core.plugin import RemoteCall, "
+                "Storage, execute_remote_call; "
                 "sys.exit(0 if execute_remote_call(RemoteCall.load(Storage(sys.argv[1]), "
                 "sys.argv[2])) else 1)")
         subprocess.run([sys.executable, "-c", code, call.storage_url, call.spec_path],

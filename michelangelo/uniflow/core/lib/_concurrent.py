@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from michelangelo.uniflow.core import Task
+from michelangelo.uniflow.core.errors import UserError
 from michelangelo.uniflow.core.plugin import (
     Run,
     TaskRecord,
@@ -305,7 +306,7 @@ def _check_limit(max_concurrency: Any) -> None:
         return
     if (isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int)
             or max_concurrency < 1):
-        raise ValueError(
+        raise UserError(
             f"batch_run(max_concurrency={max_concurrency!r}): use a whole number >= 1 (how many "
             "branches may run at once), or None for as many as the plugins allow."
         )
