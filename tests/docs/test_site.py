@@ -1,0 +1,110 @@
+"""The site builds strictly, fetches nothing from the network, and draws in a real browser."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.docs._blocks import ROOT
+
+# Attributes that make a browser fetch something: scripts, stylesheets, icons, fonts, images.
+FETCHING = re.compile(r"<(script|link|img|source|iframe)\b[^>]*\b(src|href)=\"(https?:)?//", re.I)
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return out
+
+
+def test_every_page_of_docs_is_in_the_navigation(site):
+    # --strict already fails on pages left out of nav; this holds the two lists equal as well.
+    pages = {p.relative_to(ROOT / "docs").with_suffix(".html").as_posix()
+             for p in (ROOT / "docs").rglob("*.md")}
+    built = {p.relative_to(site).as_posix() for p in site.rglob("*.html")} - {"404.html"}
+    assert pages == built
+
+
+def test_no_page_fetches_anything_from_elsewhere(site):
+    offenders = {}
+    for page in site.rglob("*.html"):
+        found = [m.group(0) for m in FETCHING.finditer(page.read_text())]
+        if found:
+            offenders[page.relative_to(site).as_posix()] = found[:3]
+    assert not offenders
+    for css in site.rglob("*.css"):
+        assert not re.search(r"@import\s+url\(\s*[\"']?https?:", css.read_text()), css
+
+
+def test_the_api_reference_is_generated(site):
+    html = (site / "reference" / "trainer.html").read_text()
+    assert 'id="michelangelo.lib.trainer.torch.pytorch_lightning.LightningTrainer"' in html
+    assert "doc-signature" in html or "doc-object" in html
+
+
+def test_the_search_index_holds_every_page(site):
+    index = json.loads((site / "search" / "search_index.json").read_text())
+    locations = {doc["location"].split("#")[0] for doc in index["docs"]}
+    assert {"index.html", "serving.html", "reference/trainer.html"} <= locations
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def served(site):
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(_Quiet, directory=str(site)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert found, "Chromium is missing: `make setup` installs the Debian chromium package"
+    return found
+
+
+def _browse(url: str, profile: Path, *extra: str) -> str:
+    proc = subprocess.run(
+        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+         "--no-first-run", f"--user-data-dir={profile}", "--window-size=1280,900",
+         "--virtual-time-budget=5000", *extra, url],
+        capture_output=True, text=True, timeout=120, check=True)
+    return proc.stdout
+
+
+@pytest.mark.parametrize("page", ["index.html", "reference/trainer.html"])
+def test_navigation_and_search_render_in_a_browser(served, tmp_path, page):
+    dom = _browse(f"{served}/{page}", tmp_path / "profile", "--dump-dom")
+    # The DOM after the page's scripts ran: the navigation with its sections, the search box,
+    # and Material's search component picked up by its JavaScript.
+    assert 'class="md-nav md-nav--primary"' in dom
+    for title in ("Getting started", "Workflows and tasks", "Serving", "API reference"):
+        assert f">{title}<" in dom or f"> {title} <" in dom or title in dom
+    assert 'class="md-search__input"' in dom
+    assert 'data-md-component="search"' in dom
+    shot = tmp_path / "shot.png"
+    _browse(f"{served}/{page}", tmp_path / "profile2", f"--screenshot={shot}")
+    assert shot.stat().st_size > 10_000
