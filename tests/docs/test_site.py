@@ -6,15 +6,16 @@ import functools
 import http.server
 import json
 import re
-import shutil
 import subprocess
 import sys
 import threading
+import urllib.parse
 from pathlib import Path
 
 import pytest
 
 from tests.docs._blocks import ROOT
+from tests.docs._browser import Browser
 
 # Attributes that make a browser fetch something: scripts, stylesheets, icons, fonts, images.
 FETCHING = re.compile(r"<(script|link|img|source|iframe)\b[^>]*\b(src|href)=\"(https?:)?//", re.I)
@@ -80,31 +81,27 @@ def served(site):
         server.server_close()
 
 
-def _chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert found, "Chromium is missing: `make setup` installs the Debian chromium package"
-    return found
-
-
-def _browse(url: str, profile: Path, *extra: str) -> str:
-    proc = subprocess.run(
-        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-         "--no-first-run", f"--user-data-dir={profile}", "--window-size=1280,900",
-         "--virtual-time-budget=5000", *extra, url],
-        capture_output=True, text=True, timeout=120, check=True)
-    return proc.stdout
-
-
 @pytest.mark.parametrize("page", ["index.html", "reference/trainer.html"])
 def test_navigation_and_search_render_in_a_browser(served, tmp_path, page):
-    dom = _browse(f"{served}/{page}", tmp_path / "profile", "--dump-dom")
-    # The DOM after the page's scripts ran: the navigation with its sections, the search box,
-    # and Material's search component picked up by its JavaScript.
-    assert 'class="md-nav md-nav--primary"' in dom
-    for title in ("Getting started", "Workflows and tasks", "Serving", "API reference"):
-        assert f">{title}<" in dom or f"> {title} <" in dom or title in dom
-    assert 'class="md-search__input"' in dom
-    assert 'data-md-component="search"' in dom
-    shot = tmp_path / "shot.png"
-    _browse(f"{served}/{page}", tmp_path / "profile2", f"--screenshot={shot}")
-    assert shot.stat().st_size > 10_000
+    browser = Browser(tmp_path / "profile")
+    try:
+        browser.open(f"{served}/{page}")
+        # The navigation, with its sections, as drawn after the page's scripts ran.
+        titles = browser.evaluate(
+            "[...document.querySelectorAll('nav.md-nav--primary .md-nav__link')]"
+            ".map(a => a.textContent.trim())")
+        for title in ("Getting started", "Workflows and tasks", "Serving", "API reference",
+                      "LightningTrainer"):
+            assert title in titles
+        assert browser.evaluate("!!document.querySelector('input.md-search__input')")
+        # Search for real: the query in the URL opens the search, whose worker answers it.
+        browser.open(f"{served}/{page}?q=canary")
+        browser.wait_for("document.querySelectorAll('.md-search-result__item').length > 0")
+        found = browser.evaluate(
+            "[...document.querySelectorAll('.md-search-result__item a')].map(a => a.href)")
+        assert any(urllib.parse.urlsplit(href).path == "/serving.html" for href in found), found
+        shot = tmp_path / "shot.png"
+        browser.screenshot(shot)
+        assert shot.stat().st_size > 10_000
+    finally:
+        browser.close()
