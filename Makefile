@@ -3,9 +3,9 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-EXTRAS := trainer,trainer-deepspeed,trainer-mlflow,trainer-comet,serving,examples,sandbox,dev
+EXTRAS := trainer,trainer-deepspeed,trainer-mlflow,trainer-comet,serving,examples,sandbox,docs,dev
 
-.PHONY: setup browser k8s k8s-up k8s-down demo test bench lint clean sandbox-e2e
+.PHONY: setup browser k8s k8s-up k8s-down demo test bench lint clean sandbox-e2e docs docs-serve
 
 setup: $(STAMP) browser
 
@@ -66,6 +66,15 @@ test: setup $(LIGHTNING_SIDE)/.installed
 	wait $$build || { status=1; tail -n 30 build/k8s-build.log; }; \
 	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider --durations=15 tests/uniflow/plugins/ray/kuberay/bed || status=$$?; \
 	exit $$status
+
+# The documentation site (mkdocs.yml, docs/): built offline into build/site; --strict turns
+# broken links, missing anchors and pages left out of the navigation into errors. The test
+# suite builds it too (tests/docs/), and runs every code block of its pages and the README.
+docs: setup
+	$(BIN)/mkdocs build --strict --site-dir build/site
+
+docs-serve: setup
+	$(BIN)/mkdocs serve --strict --dev-addr 127.0.0.1:8001
 
 bench: setup
 	bash bench/run_all.sh

@@ -148,6 +148,7 @@ def quickstart(n_rows: int = 4000, epochs: int = 3, port: int = 8000) -> dict:
     return deploy(register(trained), val_dv, port)
 
 
+# --8<-- [start:sweep]
 @uniflow.workflow()
 def sweep(n_rows: int = 4000, epochs: int = 3, port: int = 8000) -> dict:
     """Train three learning rates at once on one cluster; register and serve the best."""
@@ -158,6 +159,7 @@ def sweep(n_rows: int = 4000, epochs: int = 3, port: int = 8000) -> dict:
     ).get()
     best = min(trained, key=lambda t: t["metrics"].get("val_loss", float("inf")))
     return deploy(register(best), val_dv, port)
+# --8<-- [end:sweep]
 
 
 if __name__ == "__main__":
