@@ -14,13 +14,14 @@ import math
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from michelangelo.errors import InputError
 from michelangelo.quantity import format_bytes
 
-if TYPE_CHECKING:
-    from michelangelo.uniflow.plugins.ray._config import RayTask
+# A RayTask (``_config``), named by alias: ``_config`` imports this module to check a task's
+# shape, so importing it back here would close a circle between the two.
+RayTask = Any
 
 # Resource keys Ray adds to every node that a ScalingConfig never asks for.
 _IGNORED_PREFIXES = ("node:", "object_store_memory", "accelerator_type:")
