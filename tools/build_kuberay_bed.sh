@@ -18,7 +18,7 @@
 # github.com/ray-project/kuberay/ray-operator@v1.7.0 (its .info and .mod are served, the .zip is
 # not; checked again on 2026-12-01). The script takes, in this order: an operator already built
 # into the cache; v$KUBERAY_VERSION from the proxy; the tag ray-operator/v$KUBERAY_VERSION from a
-# git clone of ray-project/kuberay named by KUBERAY_GIT; and, when neither source has it,
+# git clone of ray-project/kuberay named by KUBERAY_GIT (none by default); and, when neither source has it,
 # v$KUBERAY_FALLBACK (1.6.2, the newest release the proxy serves) from the proxy, saying so on
 # stderr. The folder it prints (kuberay-v<version>/bin) names the version it built, and the
 # test bed starts that operator with that release's chart defaults. KUBERAY_FALLBACK= (empty)
@@ -30,7 +30,8 @@ KUBERAY_VERSION=${KUBERAY_VERSION:-1.7.0}
 KUBERAY_FALLBACK=${KUBERAY_FALLBACK-1.6.2}
 CACHE=${MICHELANGELO_CACHE:-$HOME/.cache/michelangelo}
 K8S_HOME=$CACHE/k8s-v$K8S_VERSION
-KUBERAY_GIT=${KUBERAY_GIT:-/work/.mirror/ray-project+kuberay/repo}
+# A clone of ray-project/kuberay (bare or not) to take the tag from; none unless named.
+KUBERAY_GIT=${KUBERAY_GIT:-}
 WHAT=${1:-all}
 log() { echo "[bed-build $(date +%H:%M:%S)] $*" >&2; }
 
@@ -114,8 +115,8 @@ build_kuberay() {
             && [ -n "$zip" ] && [ -f "$zip/go.mod" ]; then
             log "operator source from the module proxy"
             rm -rf "$src" && mkdir -p "$src" && cp -r "$zip"/. "$src"/ && chmod -R u+w "$src"
-        elif git --git-dir="$KUBERAY_GIT" rev-parse -q --verify "ray-operator/v$KUBERAY_VERSION^{commit}" >/dev/null 2>&1 \
-            || git -C "$KUBERAY_GIT" rev-parse -q --verify "ray-operator/v$KUBERAY_VERSION^{commit}" >/dev/null 2>&1; then
+        elif [ -n "$KUBERAY_GIT" ] && { git --git-dir="$KUBERAY_GIT" rev-parse -q --verify "ray-operator/v$KUBERAY_VERSION^{commit}" >/dev/null 2>&1 \
+            || git -C "$KUBERAY_GIT" rev-parse -q --verify "ray-operator/v$KUBERAY_VERSION^{commit}" >/dev/null 2>&1; }; then
             log "the proxy does not serve $module@v$KUBERAY_VERSION; using the tag from $KUBERAY_GIT"
             local gd=$KUBERAY_GIT
             [ -d "$KUBERAY_GIT/.git" ] && gd=$KUBERAY_GIT/.git
@@ -131,7 +132,7 @@ build_kuberay() {
             rm -rf "$src" && mv "$src.tmp/ray-operator" "$src" && rm -rf "$src.tmp"
         elif [ -n "$KUBERAY_FALLBACK" ] && [ "$KUBERAY_FALLBACK" != "$KUBERAY_VERSION" ]; then
             log "the proxy does not serve $module@v$KUBERAY_VERSION and no clone of ray-project/kuberay" \
-                "with its tag was found (KUBERAY_GIT=$KUBERAY_GIT); using v$KUBERAY_FALLBACK instead"
+                "with its tag was named (KUBERAY_GIT=${KUBERAY_GIT:-<unset>}); using v$KUBERAY_FALLBACK instead"
             KUBERAY_FALLBACK= build_kuberay "$KUBERAY_FALLBACK"
             return
         else

@@ -54,7 +54,7 @@ def test_summaries_stay_whole_a_dict_by_its_keys_a_list_by_its_length():
     from michelangelo.uniflow.core._storage import Storage
 
     ctx = _ctx()
-    folder = "/root/.michelangelo/uniflow/runs/" + "x" * 120  # a repr would be cut mid-path
+    folder = "/data/.michelangelo/uniflow/runs/" + "x" * 120  # a repr would be cut mid-path
     ctx.run(train_like, folder)
     ctx2 = _ctx()
     ctx2.run(many, 1000)
