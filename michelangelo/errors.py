@@ -8,8 +8,9 @@ catches them all. Two branches say whose move it is:
 - :class:`ServiceError`: something the SDK relies on failed (a Ray cluster, the Kubernetes
   API server, the sandbox's tools, stored weights). Trying again later may work.
 
-The existing types keep their own bases as well (``UserError`` is still a ``ValueError``,
-``KubeError`` a ``RuntimeError``), so code that caught those goes on working.
+Every :class:`InputError` is also a ``ValueError`` (the guide's bad-input errors), and the
+existing types keep their own bases as well (``KubeError`` is still a ``RuntimeError``), so
+code that caught those goes on working.
 """
 
 from __future__ import annotations
@@ -24,8 +25,11 @@ class MichelangeloError(Exception):
         return (type(self), self.args)
 
 
-class InputError(MichelangeloError):
-    """What was asked cannot work; the message names the field, the value and the fix."""
+class InputError(MichelangeloError, ValueError):
+    """What was asked cannot work; the message names the field, the value and the fix.
+
+    It is a ``ValueError`` too, so the ``ValueError`` the guide documents for bad input holds.
+    """
 
 
 class ServiceError(MichelangeloError):

@@ -59,3 +59,10 @@ def test_one_except_catches_what_the_sdk_raises(tmp_path):
     with pytest.raises(MichelangeloError) as caught:
         ModelRegistry(str(tmp_path / "registry")).get("proj/model:1")
     assert isinstance(caught.value, InputError)
+
+
+@pytest.mark.parametrize("kind", USER_SIDE, ids=lambda kind: kind.__name__)
+def test_every_input_error_is_a_value_error_as_the_guide_says(kind):
+    assert issubclass(InputError, ValueError)
+    with pytest.raises(ValueError):
+        raise kind("bad value")
