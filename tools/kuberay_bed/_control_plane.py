@@ -275,6 +275,10 @@ class ControlPlane:
         from kubernetes import client
 
         api = client.ApiextensionsV1Api(self.api_client())
+        if not any(CRD_DIR.glob("*.yaml")):
+            raise FileNotFoundError(
+                f"no KubeRay CRDs (*.yaml) in {CRD_DIR}: the bed installs them from the "
+                "shared/kuberay/crds folder beside the checkout. Fix: put the KubeRay CRDs there.")
         for path in sorted(CRD_DIR.glob("*.yaml")):
             crd = yaml.load(path.read_text(), Loader=_LOADER)
             api.create_custom_resource_definition(crd)
