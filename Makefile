@@ -48,10 +48,10 @@ k8s:
 # with two nodes), outside pytest: k8s-up returns once the operator is ready and prints
 # `export KUBECONFIG=...`; k8s-down stops it.
 k8s-up: setup k8s
-	@$(BIN)/python -m tests.uniflow.plugins.ray.kuberay.bed._bed_cli up
+	@$(BIN)/python -m tools.kuberay_bed up
 
 k8s-down:
-	@$(BIN)/python -m tests.uniflow.plugins.ray.kuberay.bed._bed_cli down
+	@$(BIN)/python -m tools.kuberay_bed down
 
 # The KubeRay tests run in a pytest process of their own: their session keeps a control plane,
 # the operator and the kubelet double running, which no other test should share. The bed's

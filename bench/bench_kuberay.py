@@ -26,12 +26,7 @@ if REPO not in sys.path:
 
 from _common import write_results  # noqa: E402
 
-from tests.uniflow.plugins.ray.kuberay.bed._control_plane import (  # noqa: E402
-    ControlPlane,
-    build,
-    build_operator,
-)
-from tests.uniflow.plugins.ray.kuberay.bed._kubelet_double import KubeletDouble  # noqa: E402
+from tools.kuberay_bed import NODES, ControlPlane, KubeletDouble, build, build_operator  # noqa: E402
 
 PHASES = ("scheduled", "head ready", "all ready", "first task", "deleted")
 
@@ -93,10 +88,10 @@ def main() -> None:
 
     plane = ControlPlane(build(), build_operator()).start()
     try:
-        plane.add_node("node-a", cpu="4", memory="8Gi")
-        plane.add_node("node-b", cpu="2", memory="4Gi")
+        for name, amounts in NODES.items():
+            plane.add_node(name, **amounts)
         client = plane.api_client()
-        kubelet = KubeletDouble(client, ["node-a", "node-b"], net_file=plane.net_file).start()
+        kubelet = KubeletDouble(client, list(NODES), net_file=plane.net_file).start()
         try:
             api = KubeApi(KubeTarget(kubeconfig=str(plane.kubeconfig)))
             runs = [one_run(api, i) for i in range(args.runs)]

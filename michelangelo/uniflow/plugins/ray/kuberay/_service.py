@@ -24,13 +24,13 @@ from michelangelo.uniflow.plugins.ray.kuberay._manifest import (
     check_kuberay_name,
     ray_cluster_manifest,
 )
-from michelangelo.uniflow.plugins.ray.kuberay._provisioner import (
-    DEADLINE_ENV,
+from michelangelo.uniflow.plugins.ray.kuberay._pod_diagnosis import (
     events_about,
     fatal_reason,
     last_words,
     pending_reasons,
 )
+from michelangelo.uniflow.plugins.ray.kuberay._provisioner import DEADLINE_ENV
 from michelangelo.uniflow.plugins.ray.provisioning import RayTask
 
 SERVING = "uniflow-serving"  # MANAGED_LABEL value of RayServices (run clusters: "uniflow")

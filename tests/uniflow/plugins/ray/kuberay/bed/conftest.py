@@ -1,15 +1,12 @@
 """One real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) and
 the real KubeRay operator for the KubeRay tests, with two Node objects served by the kubelet
-double."""
+double. The bed itself is a tool of the project's, ``tools/kuberay_bed`` (see its README)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.uniflow.plugins.ray.kuberay.bed._control_plane import ControlPlane, build, build_operator
-from tests.uniflow.plugins.ray.kuberay.bed._kubelet_double import KubeletDouble
-
-NODES = {"node-a": {"cpu": "4", "memory": "8Gi"}, "node-b": {"cpu": "2", "memory": "4Gi"}}
+from tools.kuberay_bed import NODES, ControlPlane, KubeletDouble, build, build_operator
 
 
 @pytest.fixture(scope="session")

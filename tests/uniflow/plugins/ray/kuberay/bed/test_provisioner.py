@@ -329,7 +329,7 @@ def test_a_user_without_a_needed_permission_learns_it_before_any_cluster_is_made
     from kubernetes import client
 
     from michelangelo.uniflow.core.errors import UserError
-    from tests.uniflow.plugins.ray.kuberay.bed._control_plane import DEVELOPER_CONTEXT
+    from tools.kuberay_bed import DEVELOPER_CONTEXT
 
     plane, _ = kube_cluster
     rbac = client.RbacAuthorizationV1Api(plane.api_client())

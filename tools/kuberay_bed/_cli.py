@@ -6,7 +6,7 @@ kubelet double with its two nodes), returns once the operator answers ready, and
 ``export KUBECONFIG=<path>`` on a line of its own. ``down`` stops that process, which stops
 everything it started. The state lives in ``$UF_K8S_BED`` (default ~/.cache/michelangelo/bed).
 
-    python -m tests.uniflow.plugins.ray.kuberay.bed._bed_cli up|down|serve
+    python -m tools.kuberay_bed up|down|serve
 """
 
 from __future__ import annotations
@@ -42,13 +42,8 @@ def _state() -> dict | None:
 
 def serve() -> None:
     """Runs the bed in this process until SIGTERM or SIGINT."""
-    from tests.uniflow.plugins.ray.kuberay.bed._control_plane import (
-        ControlPlane,
-        build,
-        build_operator,
-    )
-    from tests.uniflow.plugins.ray.kuberay.bed._kubelet_double import KubeletDouble
-    from tests.uniflow.plugins.ray.kuberay.bed.conftest import NODES
+    from tools.kuberay_bed._control_plane import NODES, ControlPlane, build, build_operator
+    from tools.kuberay_bed._kubelet_double import KubeletDouble
 
     done = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: done.set())
@@ -75,10 +70,10 @@ def up(timeout_s: float = 900) -> int:
         STATE.mkdir(parents=True, exist_ok=True)
         STATE_FILE.unlink(missing_ok=True)
         log = open(STATE / "bed.log", "ab")  # noqa: SIM115  (handed to the child)
-        proc = subprocess.Popen([sys.executable, "-m", __spec__.name, "serve"],
+        proc = subprocess.Popen([sys.executable, "-m", "tools.kuberay_bed", "serve"],
                                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True,
-                                cwd=str(Path(__file__).resolve().parents[6]))
+                                cwd=str(Path(__file__).resolve().parents[2]))
         deadline = time.monotonic() + timeout_s
         while (state := _state()) is None:
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -109,12 +104,13 @@ def down(timeout_s: float = 60) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    command = sys.argv[1] if len(sys.argv) > 1 else ""
+def main(argv: list[str]) -> int:
+    """``up``, ``down`` or ``serve`` (what ``up`` starts in its detached process)."""
+    command = argv[0] if argv else ""
     if command == "serve":
         serve()
-    elif command in ("up", "down"):
-        sys.exit(up() if command == "up" else down())
-    else:
-        print(__doc__, file=sys.stderr)
-        sys.exit(2)
+        return 0
+    if command in ("up", "down"):
+        return up() if command == "up" else down()
+    print(__doc__, file=sys.stderr)
+    return 2

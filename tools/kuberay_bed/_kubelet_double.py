@@ -41,8 +41,8 @@ from typing import Any
 from kubernetes import client
 
 from michelangelo.uniflow.plugins.ray.provisioning import free_port
-from tests.uniflow.plugins.ray.kuberay.bed._kubelet_streaming_double import KubeletStreamingDouble
-from tests.uniflow.plugins.ray.kuberay.bed._pod_network_double import (
+from tools.kuberay_bed._kubelet_streaming_double import KubeletStreamingDouble
+from tools.kuberay_bed._pod_network_double import (
     VIRTUAL_PORTS,
     add_pod_address,
     pod_subnet,

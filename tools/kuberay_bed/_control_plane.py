@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-REPO = Path(__file__).resolve().parents[6]
+REPO = Path(__file__).resolve().parents[2]
 CRD_DIR = REPO.parent / "shared" / "kuberay" / "crds"
 BUILD_SCRIPT = REPO / "tools" / "build_kuberay_bed.sh"
 # The kuberay-operator chart's default feature gates (helm-chart/kuberay-operator/values.yaml)
@@ -47,6 +47,9 @@ CONTROLLERS = ("garbage-collector-controller,endpointslice-controller,"
 # The kubeconfig context of the plane's second user, "developer", whom RBAC allows nothing
 # beyond what every signed-in user may do until a test binds it a role.
 DEVELOPER_CONTEXT = "uf-test-developer"
+# The Node objects the bed registers (``ControlPlane.add_node``) and the kubelet double serves:
+# a larger and a smaller node, so that the fit check and the scheduler have a choice to make.
+NODES = {"node-a": {"cpu": "4", "memory": "8Gi"}, "node-b": {"cpu": "2", "memory": "4Gi"}}
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
@@ -235,7 +238,7 @@ class ControlPlane:
         assert self.operator_bin is not None
         health, metrics = _free_port(), _free_port()
         self.operator_health = f"http://127.0.0.1:{health}"
-        from tests.uniflow.plugins.ray.kuberay.bed._pod_network_double import ServiceProxy
+        from tools.kuberay_bed._pod_network_double import ServiceProxy
 
         self._service_proxy = ServiceProxy(self.net_file).start()
         env = {k: v for k, v in os.environ.items()
@@ -272,6 +275,10 @@ class ControlPlane:
         from kubernetes import client
 
         api = client.ApiextensionsV1Api(self.api_client())
+        if not any(CRD_DIR.glob("*.yaml")):
+            raise FileNotFoundError(
+                f"no KubeRay CRDs (*.yaml) in {CRD_DIR}: the bed installs them from the "
+                "shared/kuberay/crds folder beside the checkout. Fix: put the KubeRay CRDs there.")
         for path in sorted(CRD_DIR.glob("*.yaml")):
             crd = yaml.load(path.read_text(), Loader=_LOADER)
             api.create_custom_resource_definition(crd)

@@ -38,7 +38,7 @@ VIRTUAL_PORTS = {"port": 6379, "dashboard-agent-listen-port": 52365,
 _WRAPPER = """#!{python}
 import sys
 sys.path.insert(0, {root!r})
-from tests.uniflow.plugins.ray.kuberay.bed._pod_network_double import main
+from tools.kuberay_bed._pod_network_double import main
 main()
 """
 
@@ -47,7 +47,7 @@ main()
 # own addresses; here every pod shares the host, so the shim below binds it to the pod's IP.
 SERVE_PORT = 8000
 
-_BIND_SHIM = """# Written by the KubeRay test bed's pod network double (tests only).
+_BIND_SHIM = """# Written by the KubeRay test bed's pod network double.
 import os
 import socket
 
@@ -70,7 +70,7 @@ def write_wrapper(folder: Path) -> Path:
     bind shim into ``folder/site`` (put that on the pod's PYTHONPATH; see ``SERVE_PORT``)."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "ray"
-    root = str(Path(__file__).resolve().parents[6])
+    root = str(Path(__file__).resolve().parents[2])
     path.write_text(_WRAPPER.format(python=sys.executable, root=root))
     path.chmod(0o755)
     site = folder / "site"
