@@ -8,14 +8,15 @@ catches them all. Two branches say whose move it is:
 - :class:`ServiceError`: something the SDK relies on failed (a Ray cluster, the Kubernetes
   API server, the sandbox's tools, stored weights). Trying again later may work.
 
-Every :class:`InputError` is also a ``ValueError`` (the guide's bad-input errors), and the
-existing types keep their own bases as well (``KubeError`` is still a ``RuntimeError``), so
-code that caught those goes on working.
+Every :class:`InputError` is also a ``ValueError`` (the guide's bad-input errors; a value of
+the wrong kind is an :class:`InputTypeError`, a ``TypeError`` too), every :class:`ServiceError`
+a ``RuntimeError``, and the existing types keep their own bases as well, so code that caught
+those goes on working. :class:`InternalError` is the SDK's own bug, never the user's.
 """
 
 from __future__ import annotations
 
-__all__ = ["InputError", "MichelangeloError", "ServiceError"]
+__all__ = ["InputError", "InputTypeError", "InternalError", "MichelangeloError", "ServiceError"]
 
 
 class MichelangeloError(Exception):
@@ -32,5 +33,18 @@ class InputError(MichelangeloError, ValueError):
     """
 
 
-class ServiceError(MichelangeloError):
-    """Something the SDK relies on failed; the message says what, and what was tried."""
+class InputTypeError(InputError, TypeError):
+    """A value of the wrong kind (a list where a Dataset goes, a non-callable where a function
+    goes); a ``TypeError`` as Python's own calls raise, and an :class:`InputError`."""
+
+
+class ServiceError(MichelangeloError, RuntimeError):
+    """Something the SDK relies on failed; the message says what, and what was tried.
+
+    A ``RuntimeError`` too, as the failures of the services it stands for have always been.
+    """
+
+
+class InternalError(MichelangeloError, RuntimeError):
+    """One of the SDK's own invariants broke: a bug in the SDK, whatever the input; the
+    message says so and asks for a report."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
+from michelangelo.errors import InputError
+
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 _DECIMAL = {"k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18}
 _MILLI = {"m": Decimal("0.001")}
@@ -29,27 +31,27 @@ def parse_quantity(value: object, *, field: str) -> Decimal:
         ValueError: If the value is not a non-negative quantity.
     """
     if isinstance(value, bool):
-        raise ValueError(_message(field, value))
+        raise InputError(_message(field, value))
     if isinstance(value, (int, float)):
         if value < 0:
-            raise ValueError(_message(field, value))
+            raise InputError(_message(field, value))
         return Decimal(str(value))
     if not isinstance(value, str):
-        raise ValueError(_message(field, value))
+        raise InputError(_message(field, value))
     match = _PATTERN.match(value)
     if match is None:
-        raise ValueError(_message(field, value))
+        raise InputError(_message(field, value))
     number, suffix = match.groups()
     try:
         amount = Decimal(number)
     except InvalidOperation as exc:  # pragma: no cover - the regex admits only numbers
-        raise ValueError(_message(field, value)) from exc
+        raise InputError(_message(field, value)) from exc
     if suffix == "":
         return amount
     for table in (_BINARY, _DECIMAL, _MILLI):
         if suffix in table:
             return amount * table[suffix]
-    raise ValueError(_message(field, value))
+    raise InputError(_message(field, value))
 
 
 def parse_bytes(value: object, *, field: str) -> int:

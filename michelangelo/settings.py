@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from michelangelo.errors import InputError
 from michelangelo.quantity import parse_bytes
 
 __all__ = [
@@ -54,7 +55,7 @@ class ByteSetting:
         try:
             return parse_bytes(raw, field=self.name)
         except ValueError:
-            raise ValueError(
+            raise InputError(
                 f"{self.name}={raw!r} is not a byte count. Fix: {self.fix}") from None
 
 
@@ -73,7 +74,7 @@ class ChoiceSetting:
         value = raw.strip().lower() or self.default
         value = dict(self.aliases).get(value, value)
         if value not in self.choices:
-            raise ValueError(f"{self.name}={raw!r} is not a valid setting. Fix: {self.fix}")
+            raise InputError(f"{self.name}={raw!r} is not a valid setting. Fix: {self.fix}")
         return value
 
 

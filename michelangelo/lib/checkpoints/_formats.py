@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from michelangelo.errors import InputError
+
 __all__ = [
     "CHECKPOINT_NAME",
     "CheckpointFormat",
@@ -167,7 +169,7 @@ def detect_format(path: Path) -> CheckpointFormat:
                 return CheckpointFormat.FSDP2_DCP
             if "model" in top:
                 return CheckpointFormat.FSDP_SHARDED
-            raise ValueError(
+            raise InputError(
                 f"Checkpoint folder {str(path)!r} is a torch.distributed.checkpoint folder, but its "
                 f"top-level entries {sorted(top)} contain neither 'state_dict' (fsdp2) nor 'model' "
                 "(fsdp sharded). Point at a checkpoint written by the trainer."
@@ -175,7 +177,7 @@ def detect_format(path: Path) -> CheckpointFormat:
         if _is_deepspeed_folder(path):
             return CheckpointFormat.DEEPSPEED_ZERO
     listing = sorted(p.name for p in path.iterdir())[:10] if path.is_dir() else []
-    raise ValueError(
+    raise InputError(
         f"Cannot tell the format of checkpoint {str(path)!r} (contents: {listing}). Expected a "
         f"single file, a DCP folder with {_DCP_METADATA!r}, or a DeepSpeed folder with 'latest'."
     )
@@ -207,7 +209,7 @@ def expected_formats(strategy: Any) -> frozenset[CheckpointFormat] | None:
         # The trainer accepts names in any case; so must the loader.
         name = strategy.lower() if isinstance(strategy, str) else strategy
         if name not in by_name:
-            raise ValueError(
+            raise InputError(
                 f"lightning_trainer_kwargs['strategy']={strategy!r} is not a strategy the trainer "
                 "knows. Use None, 'ddp', 'fsdp', 'fsdp2', 'deepspeed' or a Strategy instance."
             )
@@ -255,7 +257,7 @@ def load_full_file(path: Path) -> dict[str, torch.Tensor]:
             names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
         except Exception:  # noqa: BLE001 - the names are a courtesy; the refusal stands
             names = []
-        raise ValueError(
+        raise InputError(
             f"{str(path)!r} holds pickled objects that torch's safe loader does not allow "
             f"({', '.join(names) or str(error)[:300]}), so it was not loaded. Fix: if you "
             "trust the checkpoint, allow those classes before loading with "
@@ -264,7 +266,7 @@ def load_full_file(path: Path) -> dict[str, torch.Tensor]:
         ) from error
     if not isinstance(checkpoint, Mapping) or "state_dict" not in checkpoint:
         keys = sorted(checkpoint)[:10] if isinstance(checkpoint, Mapping) else type(checkpoint)
-        raise ValueError(
+        raise InputError(
             f"{str(path)!r} is not a Lightning checkpoint: no 'state_dict' entry (found {keys}). "
             "For a bare state dict, call model.load_state_dict(torch.load(path)) directly."
         )
@@ -288,7 +290,7 @@ def _load_dcp_entry(path: Path, entry: str) -> dict[str, torch.Tensor]:
         no_dist=True,
     )
     if entry not in loaded:
-        raise ValueError(
+        raise InputError(
             f"DCP checkpoint {str(path)!r} has no {entry!r} entry; it was not written by the "
             "strategy this loader expects."
         )
@@ -357,7 +359,7 @@ def load_state_dict(source: str | os.PathLike[str] | Any, strategy: Any = None) 
         found = detect_format(entry)
         if allowed is not None and found not in allowed:
             wanted = " or ".join(sorted(f.value for f in allowed))
-            raise ValueError(
+            raise InputError(
                 f"Checkpoint {str(source)!r} is a {found.value}, but strategy="
                 f"{_strategy_name(strategy)!r} writes a {wanted}. Set "
                 "lightning_trainer_kwargs['strategy'] to the strategy the run trained with."

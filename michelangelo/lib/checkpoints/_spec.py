@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from michelangelo.errors import InputError
+
 __all__ = ["ModelSpec"]
 
 
@@ -25,12 +27,12 @@ class ModelSpec:
         for name in ("project_name", "model_name"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value.strip():
-                raise ValueError(
+                raise InputError(
                     f"ModelSpec.{name} must be a non-empty string, got {value!r}. "
                     f"Fix: pass the registry's {name.replace('_', ' ')}."
                 )
         if self.revision_id is not None and not isinstance(self.revision_id, int | str):
-            raise ValueError(
+            raise InputError(
                 f"ModelSpec.revision_id must be an int, a str or None, got "
                 f"{self.revision_id!r}. Fix: pass the revision number or leave it unset."
             )

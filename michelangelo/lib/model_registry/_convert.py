@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from michelangelo.errors import InputError
 from michelangelo.lib.checkpoints import (
     CheckpointFormat,
     detect_format,
@@ -58,7 +59,7 @@ def _training_state(entry: str) -> TrainingState:
     try:
         checkpoint = torch.load(entry, map_location="cpu", weights_only=True)
     except Exception as error:  # noqa: BLE001 - weights_only refuses unknown pickled objects
-        raise ValueError(
+        raise InputError(
             f"keep_optimizer_state=True: checkpoint {entry!r} holds objects that torch.load("
             f"weights_only=True) refuses ({type(error).__name__}: {str(error)[:300]}), and the "
             "registry never unpickles arbitrary objects. Fix: keep only tensors and plain values "
@@ -66,7 +67,7 @@ def _training_state(entry: str) -> TrainingState:
         ) from None
     states = checkpoint.get("optimizer_states")
     if not states:
-        raise ValueError(f"keep_optimizer_state=True: checkpoint {entry!r} has no optimizer "
+        raise InputError(f"keep_optimizer_state=True: checkpoint {entry!r} has no optimizer "
                          "state. Fix: register from a checkpoint written during training.")
     return TrainingState(list(states), _completed_epochs(checkpoint),
                          int(checkpoint.get("global_step", 0)),
@@ -93,7 +94,7 @@ def read_checkpoint(source: Any, keep_optimizer_state: bool
         entry = resolve_checkpoint_entry(local)
         found = detect_format(entry)
         if keep_optimizer_state and found is not CheckpointFormat.FULL_FILE:
-            raise ValueError(
+            raise InputError(
                 f"keep_optimizer_state=True needs a single-file checkpoint (ddp), but "
                 f"{str(source)!r} is a {found.value}, whose optimizer state is sharded per "
                 "worker. Fix: register its weights without keep_optimizer_state."

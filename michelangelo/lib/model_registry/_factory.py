@@ -18,6 +18,8 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from michelangelo.errors import InputError
+
 __all__ = ["factory_reference", "resolve_factory"]
 
 
@@ -30,11 +32,11 @@ def _fix(fn: Any) -> str:
 
 def _check_kwargs(kwargs: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(kwargs, Mapping):
-        raise ValueError(f"create_model_fn_kwargs must be a dict, got {kwargs!r}.")
+        raise InputError(f"create_model_fn_kwargs must be a dict, got {kwargs!r}.")
     try:
         encoded = json.dumps(dict(kwargs), sort_keys=True)
     except (TypeError, ValueError) as error:
-        raise ValueError(
+        raise InputError(
             f"create_model_fn_kwargs={dict(kwargs)!r} is not JSON-serialisable ({error}); the "
             "registry stores factory arguments as JSON, never pickled. Fix: pass plain numbers, "
             "strings, lists and dicts, and build anything richer inside the factory."
@@ -59,25 +61,25 @@ def factory_reference(fn: Callable[..., Any], kwargs: Mapping[str, Any] | None) 
             name, or ``kwargs`` is not JSON.
     """
     if not callable(fn):
-        raise ValueError(f"create_model_fn={fn!r} is not callable. Fix: pass the function "
+        raise InputError(f"create_model_fn={fn!r} is not callable. Fix: pass the function "
                          "(or class) that builds the model.")
     kwargs = _check_kwargs(kwargs or {})
     module_name = getattr(fn, "__module__", None)
     qualname = getattr(fn, "__qualname__", None)
     if not module_name or not qualname:
-        raise ValueError(f"create_model_fn has no module or qualified name. {_fix(fn)}")
+        raise InputError(f"create_model_fn has no module or qualified name. {_fix(fn)}")
     if getattr(fn, "__name__", "") == "<lambda>":
-        raise ValueError(f"create_model_fn is a lambda, which cannot be imported by name. "
+        raise InputError(f"create_model_fn is a lambda, which cannot be imported by name. "
                          f"{_fix(fn)}")
     if "<locals>" in qualname or getattr(fn, "__closure__", None):
-        raise ValueError(f"create_model_fn {qualname!r} is a closure or nested function, which "
+        raise InputError(f"create_model_fn {qualname!r} is a closure or nested function, which "
                          f"cannot be imported by name. {_fix(fn)}")
     script_path = None
     if module_name == "__main__":
         main = sys.modules.get("__main__")
         path = getattr(main, "__file__", None)
         if not path:
-            raise ValueError(
+            raise InputError(
                 "create_model_fn is defined in an interactive session (__main__ has no file), "
                 f"so nothing could import it again. {_fix(fn)}")
         script_path = os.path.abspath(path)
@@ -85,7 +87,7 @@ def factory_reference(fn: Callable[..., Any], kwargs: Mapping[str, Any] | None) 
         module = sys.modules.get(module_name) or importlib.import_module(module_name)
         script_path = None
         if _lookup(module, qualname) is not fn:
-            raise ValueError(f"create_model_fn {module_name}.{qualname} does not resolve back to "
+            raise InputError(f"create_model_fn {module_name}.{qualname} does not resolve back to "
                              f"the same object by name. {_fix(fn)}")
         path = getattr(module, "__file__", None)
         if path and _importable_by_name(module_name) is False:
@@ -133,7 +135,7 @@ def _import_script(path: str) -> Any:
     if name in sys.modules:
         return sys.modules[name]
     if not os.path.isfile(path):
-        raise ValueError(f"the factory's script {path!r} no longer exists. Fix: restore it, or "
+        raise InputError(f"the factory's script {path!r} no longer exists. Fix: restore it, or "
                          "pass create_model_fn to load_model() to build the model yourself.")
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
@@ -172,7 +174,7 @@ def resolve_factory(reference: Mapping[str, Any]) -> Callable[..., Any]:
         ValueError: The module, script or name cannot be found.
     """
     if not reference or not reference.get("qualname"):
-        raise ValueError("this revision has no recorded factory. Fix: pass create_model_fn to "
+        raise InputError("this revision has no recorded factory. Fix: pass create_model_fn to "
                          "load_model(), or register with create_model_fn=...")
     qualname = reference["qualname"]
     if reference.get("script_path"):
@@ -183,11 +185,11 @@ def resolve_factory(reference: Mapping[str, Any]) -> Callable[..., Any]:
         try:
             module = importlib.import_module(where)
         except ImportError as error:
-            raise ValueError(f"cannot import the factory's module {where!r} ({error}). Fix: "
+            raise InputError(f"cannot import the factory's module {where!r} ({error}). Fix: "
                              "install or put it on PYTHONPATH.") from None
     fn = _lookup(module, qualname)
     if fn is None or not callable(fn):
-        raise ValueError(f"{where!r} has no callable {qualname!r} any more. Fix: restore it, or "
+        raise InputError(f"{where!r} has no callable {qualname!r} any more. Fix: restore it, or "
                          "pass create_model_fn to load_model().")
     return fn
 

@@ -10,6 +10,8 @@ import platform
 from collections.abc import Mapping
 from typing import Any
 
+from michelangelo.errors import InputError
+
 __all__ = ["clean_metrics", "collect_lineage", "package_versions", "user_name"]
 
 _RESERVED = frozenset({"source", "uniflow", "checkpoint", "checkpoint_format", "training_run",
@@ -52,7 +54,7 @@ def clean_metrics(metrics: Mapping[str, Any] | None) -> dict[str, Any]:
         elif isinstance(value, float):
             out[str(key)] = value if math.isfinite(value) else str(value)
         else:
-            raise ValueError(f"metrics[{key!r}]={value!r} is not a number or a string. Fix: "
+            raise InputError(f"metrics[{key!r}]={value!r} is not a number or a string. Fix: "
                              "pass scalar metrics (e.g. float(loss)).")
     return out
 
@@ -66,7 +68,7 @@ def _dataset_entry(name: str, value: Any) -> dict[str, Any]:
         if item is not None and not callable(item):
             entry[attr] = item if isinstance(item, int | float | str) else str(item)
     if len(entry) == 1:
-        raise ValueError(f"datasets[{name!r}]={value!r} is neither a DatasetVariable nor a "
+        raise InputError(f"datasets[{name!r}]={value!r} is neither a DatasetVariable nor a "
                          "fingerprint string. Fix: pass the DatasetVariable the model was "
                          "trained on, or its fingerprint.")
     return entry
@@ -105,7 +107,7 @@ def collect_lineage(
         lineage["datasets"] = [_dataset_entry(str(k), v) for k, v in datasets.items()]
     for key, value in clean_metrics(extra).items():
         if key in lineage or key in _RESERVED:
-            raise ValueError(f"lineage[{key!r}] is set by the registry itself. Fix: use another "
+            raise InputError(f"lineage[{key!r}] is set by the registry itself. Fix: use another "
                              f"key (reserved: {sorted(_RESERVED)}).")
         lineage[key] = value
     return lineage

@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from michelangelo.errors import InputError
+
 __all__ = ["split_states", "join_states"]
 
 _INT_KEYS = "__int_keys__"
@@ -37,7 +39,7 @@ def _split(value: Any, path: str, tensors: dict[str, torch.Tensor]) -> Any:
         return {"__float__": str(value)}
     if value is None or isinstance(value, bool | int | float | str):
         return value
-    raise ValueError(f"optimizer state entry {path!r} is a {type(value).__name__}, which the "
+    raise InputError(f"optimizer state entry {path!r} is a {type(value).__name__}, which the "
                      "registry cannot store without pickling. Fix: register without "
                      "keep_optimizer_state=True, or use a torch optimizer whose state holds "
                      "only tensors and numbers.")

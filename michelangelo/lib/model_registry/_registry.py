@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from michelangelo.errors import InputError
 from michelangelo.lib.checkpoints import (
     ModelSpec,
     align_state_dict_keys,
@@ -194,38 +195,38 @@ class ModelRegistry:
         check_name("project_name", project_name)
         check_name("model_name", model_name)
         if train_result is not None and not isinstance(train_result, Mapping):
-            raise ValueError(f"train_result must be the dict LightningTrainer.train() returns, "
+            raise InputError(f"train_result must be the dict LightningTrainer.train() returns, "
                              f"got {type(train_result).__name__}.")
         if checkpoint_path is None and train_result is not None and state_dict is None \
                 and model is None:
             checkpoint_path = train_result.get("checkpoint_path")
             if checkpoint_path is None:
-                raise ValueError("train_result has no checkpoint_path (the run saved no "
+                raise InputError("train_result has no checkpoint_path (the run saved no "
                                  "checkpoint). Fix: pass state_dict= or model= instead.")
         given = [n for n, v in (("checkpoint_path", checkpoint_path), ("state_dict", state_dict),
                                 ("model", model)) if v is not None]
         if len(given) != 1:
-            raise ValueError(f"register() needs exactly one weights source, got {given or 'none'}."
+            raise InputError(f"register() needs exactly one weights source, got {given or 'none'}."
                              " Fix: pass one of checkpoint_path=, state_dict= or model=.")
         if keep_optimizer_state and checkpoint_path is None:
-            raise ValueError("keep_optimizer_state=True needs checkpoint_path= (or train_result=):"
+            raise InputError("keep_optimizer_state=True needs checkpoint_path= (or train_result=):"
                              " only a training checkpoint holds optimizer state.")
         if model is not None and not isinstance(model, torch.nn.Module):
-            raise ValueError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
+            raise InputError(f"model must be a torch.nn.Module, got {type(model).__name__}.")
         if state_dict is not None and not isinstance(state_dict, Mapping):
-            raise ValueError(f"state_dict must be a dict of tensors, got "
+            raise InputError(f"state_dict must be a dict of tensors, got "
                              f"{type(state_dict).__name__}.")
         if allow_non_finite and input_example is None:
-            raise ValueError("allow_non_finite needs input_example=: it is recorded in the "
+            raise InputError("allow_non_finite needs input_example=: it is recorded in the "
                              "signature the example produces.")
         if input_example is not None and model is None and create_model_fn is None:
-            raise ValueError("input_example needs a model to run it: pass model= or "
+            raise InputError("input_example needs a model to run it: pass model= or "
                              "create_model_fn=.")
         stored_tokenizer = None if tokenizer is None else encode_tokenizer(tokenizer)
         process_spec = None
         if processing is not None:
             if stored_tokenizer is None or input_example is None:
-                raise ValueError("processing needs tokenizer= and input_example= (a batch of "
+                raise InputError("processing needs tokenizer= and input_example= (a batch of "
                                  "token ids): serving turns text into ids with the tokenizer "
                                  "and proves the model with the example.")
             process_spec = check_processing(processing, decode_tokenizer(
@@ -233,10 +234,10 @@ class ModelRegistry:
         factory = ({} if create_model_fn is None
                    else factory_reference(create_model_fn, create_model_fn_kwargs))
         if create_model_fn is None and create_model_fn_kwargs:
-            raise ValueError("create_model_fn_kwargs was given without create_model_fn.")
+            raise InputError("create_model_fn_kwargs was given without create_model_fn.")
         tag_map = self._check_tags(tags)
         if description is not None and not isinstance(description, str):
-            raise ValueError(f"description must be a string, got {description!r}.")
+            raise InputError(f"description must be a string, got {description!r}.")
         metric_map = clean_metrics(metrics if metrics is not None else
                                    (train_result or {}).get("metrics"))
 
@@ -279,7 +280,7 @@ class ModelRegistry:
         out = {}
         for key, value in (tags or {}).items():
             if not isinstance(key, str) or not isinstance(value, str | int | float | bool):
-                raise ValueError(f"tags[{key!r}]={value!r}: tags are string keys with string "
+                raise InputError(f"tags[{key!r}]={value!r}: tags are string keys with string "
                                  "values. Fix: str() the value.")
             out[key] = str(value)
         return out
@@ -298,7 +299,7 @@ class ModelRegistry:
             return
         aligned, _ = align_state_dict_keys(weights, keys)
         if weights and not set(aligned) & set(keys):
-            raise ValueError(
+            raise InputError(
                 f"create_model_fn's model shares no parameter name with the weights (model: "
                 f"{sorted(keys)[:4]}, weights: {sorted(weights)[:4]}). Fix: pass the factory "
                 "of the model these weights belong to.")
@@ -481,7 +482,7 @@ class ModelRegistry:
         try:
             size = self._store.size(path)
             if size != revision.weights_bytes:
-                raise ValueError(f"{size} bytes, recorded {revision.weights_bytes}")
+                raise InputError(f"{size} bytes, recorded {revision.weights_bytes}")
             local = self._store.local_path(path)
             if local is not None:
                 weights, digest = st.map_state_dict(local, size)
@@ -548,13 +549,13 @@ class ModelRegistry:
         fn = create_model_fn or resolve_factory(revision.factory)
         built = fn(**(revision.factory or {}).get("kwargs", {}))
         if not isinstance(built, torch.nn.Module):
-            raise ValueError(f"the factory of {revision.name} returned a {type(built).__name__}, "
+            raise InputError(f"the factory of {revision.name} returned a {type(built).__name__}, "
                              "not a torch.nn.Module.")
         weights = self.load_state_dict(revision.spec)
         aligned, _ = align_state_dict_keys(weights, built.state_dict().keys())
         result = built.load_state_dict(aligned, strict=False)
         if result.missing_keys or result.unexpected_keys:
-            raise ValueError(
+            raise InputError(
                 f"the weights of {revision.name} do not fit the model its factory builds: "
                 f"missing {list(result.missing_keys)[:8]}, unexpected "
                 f"{list(result.unexpected_keys)[:8]}. Fix: pass the matching create_model_fn.")
@@ -590,7 +591,7 @@ class ModelRegistry:
         """
         alias = check_alias(alias)
         if isinstance(revision_id, bool) or not isinstance(revision_id, int | str):
-            raise ValueError(f"revision_id={revision_id!r} must be a revision number.")
+            raise InputError(f"revision_id={revision_id!r} must be a revision number.")
         target = self.resolve(ModelSpec(project_name, model_name, revision_id))
         self._store.append_alias_event(project_name, model_name, {
             "alias": alias, "to": target.revision_id, "who": user_name(), "when": time.time()})

@@ -28,6 +28,8 @@ from typing import IO, Any
 
 import torch
 
+from michelangelo.errors import InputError
+
 __all__ = ["decode", "encode", "read_header", "read_state_dict", "shapes_of",
            "write_state_dict"]
 
@@ -57,15 +59,15 @@ def _prepare(state_dict: Mapping[str, Any], what: str) -> tuple[dict[str, torch.
     keys_by_storage: dict[int, list[str]] = {}
     for key, value in state_dict.items():
         if not isinstance(key, str):
-            raise ValueError(f"{what} key {key!r} is not a string. Fix: use a state dict "
+            raise InputError(f"{what} key {key!r} is not a string. Fix: use a state dict "
                              "from module.state_dict().")
         if not isinstance(value, torch.Tensor):
-            raise ValueError(
+            raise InputError(
                 f"{what}[{key!r}] is a {type(value).__name__}, not a torch.Tensor; only tensors "
                 "are stored. Fix: drop non-tensor entries (e.g. extra state) before registering."
             )
         if value.dtype not in _DTYPES:
-            raise ValueError(f"{what}[{key!r}] has dtype {value.dtype}, which safetensors cannot "
+            raise InputError(f"{what}[{key!r}] has dtype {value.dtype}, which safetensors cannot "
                              f"store. Fix: convert it (e.g. .float()).")
         tensor = value.detach()
         if tensor.device.type != "cpu":
@@ -178,10 +180,10 @@ def _head_bytes(raw: torch.Tensor) -> bytes:
 def read_header(data: bytes | bytearray | memoryview) -> dict[str, Any]:
     """The JSON header of a safetensors file from its first ``8 + header length`` bytes."""
     if len(data) < 8:
-        raise ValueError("not a safetensors file: shorter than 8 bytes")
+        raise InputError("not a safetensors file: shorter than 8 bytes")
     (length,) = struct.unpack("<Q", bytes(data[:8]))
     if length > 100 << 20 or len(data) < 8 + length:
-        raise ValueError(f"not a safetensors file (or truncated): header length {length}")
+        raise InputError(f"not a safetensors file (or truncated): header length {length}")
     return json.loads(bytes(data[8 : 8 + length]))
 
 
@@ -207,7 +209,7 @@ def decode(buffer: bytearray | torch.Tensor) -> dict[str, torch.Tensor]:
     for key, entry in header.items():
         dtype = _BY_CODE.get(entry.get("dtype"))
         if dtype is None:
-            raise ValueError(f"tensor {key!r} has dtype {entry.get('dtype')!r}, unknown here")
+            raise InputError(f"tensor {key!r} has dtype {entry.get('dtype')!r}, unknown here")
         start, end = entry["data_offsets"]
         shape = entry["shape"]
         size = torch.empty((), dtype=dtype).element_size()
@@ -215,7 +217,7 @@ def decode(buffer: bytearray | torch.Tensor) -> dict[str, torch.Tensor]:
         for dim in shape:
             count *= dim
         if end - start != count * size or base + end > len(raw):
-            raise ValueError(f"tensor {key!r}: byte range {start}..{end} does not fit its "
+            raise InputError(f"tensor {key!r}: byte range {start}..{end} does not fit its "
                              f"shape {shape} or the file")
         if count == 0:
             out[key] = torch.empty(shape, dtype=dtype)
@@ -247,7 +249,7 @@ def read_state_dict(handle: IO[bytes], size: int) -> tuple[dict[str, torch.Tenso
     while position < size:
         got = handle.readinto(view[position : position + step])
         if not got:
-            raise ValueError(f"file ended after {position} of {size} bytes")
+            raise InputError(f"file ended after {position} of {size} bytes")
         if pending is not None:
             pending.result()
         # Hash this chunk on the helper thread while the next one is read.
@@ -267,10 +269,10 @@ def map_state_dict(path: str, size: int) -> tuple[dict[str, torch.Tensor], str]:
     """
     with open(path, "rb") as handle:
         if size == 0:
-            raise ValueError("file is empty")
+            raise InputError("file is empty")
         mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
     if len(mapped) != size:
-        raise ValueError(f"file has {len(mapped)} bytes, recorded {size}")
+        raise InputError(f"file has {len(mapped)} bytes, recorded {size}")
     with contextlib.suppress(AttributeError, OSError):  # madvise: Linux and macOS
         mapped.madvise(mmap.MADV_SEQUENTIAL)
     digest = hashlib.sha256(mapped).hexdigest()

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from michelangelo.errors import InputError
+
 __all__ = ["example_and_signature", "to_tensors"]
 
 _DATATYPES = {
@@ -33,18 +35,18 @@ def _as_tensor(name: str, value: Any) -> torch.Tensor:
             return torch.from_numpy(value.copy())
     except ImportError:  # pragma: no cover - numpy is a base dependency
         pass
-    raise ValueError(f"input_example[{name!r}] is a {type(value).__name__}; expected a "
+    raise InputError(f"input_example[{name!r}] is a {type(value).__name__}; expected a "
                      "torch.Tensor or numpy array. Fix: pass a small batch, e.g. "
                      "torch.randn(2, n_features).")
 
 
 def _entry(tensor: torch.Tensor, name: str, where: str) -> dict[str, Any]:
     if tensor.dtype not in _DATATYPES:
-        raise ValueError(f"{where}[{name!r}] has dtype {tensor.dtype}, which has no Open "
+        raise InputError(f"{where}[{name!r}] has dtype {tensor.dtype}, which has no Open "
                          f"Inference Protocol datatype. Fix: use one of "
                          f"{sorted(str(d) for d in _DATATYPES)}.")
     if tensor.dim() == 0:
-        raise ValueError(f"{where}[{name!r}] is a scalar; examples need a batch dimension. "
+        raise InputError(f"{where}[{name!r}] is a scalar; examples need a batch dimension. "
                          "Fix: pass at least shape [1, ...].")
     return {"datatype": _DATATYPES[tensor.dtype], "shape": list(tensor.shape),
             "data": tensor.float().tolist() if tensor.dtype == torch.bfloat16
@@ -58,7 +60,7 @@ def _outputs_of(result: Any) -> dict[str, torch.Tensor]:
         return {str(k): v for k, v in result.items() if isinstance(v, torch.Tensor)}
     if isinstance(result, tuple | list):
         return {f"output_{i}": v for i, v in enumerate(result) if isinstance(v, torch.Tensor)}
-    raise ValueError(f"the model returned a {type(result).__name__} for the input example; "
+    raise InputError(f"the model returned a {type(result).__name__} for the input example; "
                      "expected a tensor, a tuple of tensors or a dict of tensors.")
 
 
@@ -88,7 +90,7 @@ def example_and_signature(model: torch.nn.Module, example: Any, *,
     named = ({str(k): _as_tensor(str(k), v) for k, v in example.items()}
              if isinstance(example, Mapping) else {"input": _as_tensor("input", example)})
     if not named:
-        raise ValueError("input_example is an empty dict. Fix: pass at least one input.")
+        raise InputError("input_example is an empty dict. Fix: pass at least one input.")
     inputs = {name: _entry(t, name, "input_example") for name, t in named.items()}
     was_training = model.training
     model.eval()
@@ -97,7 +99,7 @@ def example_and_signature(model: torch.nn.Module, example: Any, *,
             result = (model(**named) if isinstance(example, Mapping)
                       else model(named["input"]))
     except Exception as error:
-        raise ValueError(
+        raise InputError(
             f"the model failed on input_example ({type(error).__name__}: {error}). Fix: pass an "
             "example the model accepts: a tensor is called as model(x), a dict as "
             "model(**inputs)."
@@ -118,10 +120,10 @@ def _allowed(allow: bool | Sequence[str], names: list[str]) -> set[str]:
     if isinstance(allow, bool):
         return set(names) if allow else set()
     if isinstance(allow, str) or not all(isinstance(n, str) for n in allow):
-        raise ValueError(f"allow_non_finite={allow!r} must be True, False or a list of input "
+        raise InputError(f"allow_non_finite={allow!r} must be True, False or a list of input "
                          f"names. Fix: e.g. allow_non_finite={names[:1]!r}.")
     unknown = sorted(set(allow) - set(names))
     if unknown:
-        raise ValueError(f"allow_non_finite names {unknown}, but the model's inputs are "
+        raise InputError(f"allow_non_finite names {unknown}, but the model's inputs are "
                          f"{names}. Fix: use those names.")
     return set(allow)

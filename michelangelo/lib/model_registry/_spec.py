@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+from michelangelo.errors import InputError
 from michelangelo.lib.checkpoints import ModelSpec
 
 __all__ = ["check_alias", "check_name", "parse_model_spec"]
@@ -19,7 +20,7 @@ def check_name(field: str, value: object) -> str:
     and ``-`` (no ``/``, ``:`` or ``@``, which the string form of a spec uses).
     """
     if not isinstance(value, str) or not _NAME.match(value) or value in {".", ".."}:
-        raise ValueError(
+        raise InputError(
             f"{field}={value!r} is not a valid name. Fix: use 1-128 letters, digits, '.', '_' "
             "or '-', starting with a letter or digit (no '/', ':' or '@')."
         )
@@ -31,7 +32,7 @@ def check_alias(value: object) -> str:
     if isinstance(value, str) and value.startswith("@"):
         value = value[1:]
     if not isinstance(value, str) or not _ALIAS.match(value) or value.lower() == "latest":
-        raise ValueError(
+        raise InputError(
             f"alias={value!r} is not a valid alias. Fix: use a letter followed by up to 63 "
             "letters, digits, '.', '_' or '-' (e.g. 'champion'); 'latest' is reserved."
         )
@@ -41,12 +42,12 @@ def check_alias(value: object) -> str:
 def _revision_of(text: str, value: object) -> int | str | None:
     if value is None or isinstance(value, bool):
         if isinstance(value, bool):
-            raise ValueError(f"revision_id={value!r} in {text!r} is not a revision number. "
+            raise InputError(f"revision_id={value!r} in {text!r} is not a revision number. "
                              "Fix: pass an int >= 1, '@alias' or None.")
         return None
     if isinstance(value, int):
         if value < 1:
-            raise ValueError(f"revision_id={value!r} in {text!r} must be >= 1 (revisions are "
+            raise InputError(f"revision_id={value!r} in {text!r} must be >= 1 (revisions are "
                              "numbered 1, 2, 3 ...). Fix: pass an existing revision number.")
         return value
     if isinstance(value, str):
@@ -56,7 +57,7 @@ def _revision_of(text: str, value: object) -> int | str | None:
         if raw.lower() == "latest":
             return None
         return "@" + check_alias(raw)
-    raise ValueError(f"revision_id={value!r} in {text!r} must be an int, '@alias' or None.")
+    raise InputError(f"revision_id={value!r} in {text!r} must be an int, '@alias' or None.")
 
 
 def parse_model_spec(spec: str | ModelSpec) -> ModelSpec:
@@ -81,18 +82,18 @@ def parse_model_spec(spec: str | ModelSpec) -> ModelSpec:
         text = f"{spec.project_name}/{spec.model_name}"
         return ModelSpec(spec.project_name, spec.model_name, _revision_of(text, spec.revision_id))
     if not isinstance(spec, str):
-        raise ValueError(f"model spec {spec!r} must be a ModelSpec or a string like "
+        raise InputError(f"model spec {spec!r} must be a ModelSpec or a string like "
                          "'project/model', 'project/model:3' or 'project/model@champion'.")
     text = spec.strip()
     match = re.fullmatch(r"([^/:@]+)/([^/:@]+)(?::([^/:@]+)|@([^/:@]+))?", text)
     if match is None:
-        raise ValueError(f"model spec {spec!r} is malformed. Fix: write 'project/model' (latest), "
+        raise InputError(f"model spec {spec!r} is malformed. Fix: write 'project/model' (latest), "
                          "'project/model:3' (revision 3) or 'project/model@champion' (an alias).")
     project, model, number, alias = match.groups()
     check_name("project_name", project)
     check_name("model_name", model)
     if number is not None and not number.isdigit():
-        raise ValueError(f"model spec {spec!r}: revision {number!r} after ':' is not a number. "
+        raise InputError(f"model spec {spec!r}: revision {number!r} after ':' is not a number. "
                          f"Fix: use '{project}/{model}:3', or '@{number}' for an alias.")
     revision = _revision_of(text, int(number) if number is not None else
                             ("@" + alias if alias is not None else None))

@@ -29,6 +29,7 @@ import time
 import uuid
 from typing import IO, Any
 
+from michelangelo.errors import InputError
 from michelangelo.uniflow.core.plugin import Storage
 
 __all__ = ["ModelStore", "REVISION_FILE", "WEIGHTS_FILE", "OPTIMIZER_FILE", "OPTIMIZER_JSON"]
@@ -96,7 +97,7 @@ class ModelStore:
             except FileExistsError:
                 return False
             except (NotImplementedError, ValueError) as error:
-                raise ValueError(
+                raise InputError(
                     f"the registry's storage {self.url!r} does not support exclusive file "
                     f"creation ({error}), which revision numbering relies on. Fix: use a local "
                     "folder, memory://, or an object store whose fsspec driver supports "

@@ -17,6 +17,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from michelangelo.errors import InputError
+
 __all__ = ["CharacterTokenizer", "TextTokenizer", "check_processing", "decode_tokenizer",
            "encode_tokenizer"]
 
@@ -35,12 +37,12 @@ class CharacterTokenizer:
     def __init__(self, vocab: str | Sequence[str], unknown: str = " ") -> None:
         tokens = list(vocab)
         if not tokens or any(not isinstance(t, str) or len(t) != 1 for t in tokens):
-            raise ValueError("CharacterTokenizer vocab must be a non-empty string (or list of "
+            raise InputError("CharacterTokenizer vocab must be a non-empty string (or list of "
                              f"single characters), got {str(vocab)[:40]!r}.")
         if len(set(tokens)) != len(tokens):
-            raise ValueError("CharacterTokenizer vocab repeats a character; each must be unique.")
+            raise InputError("CharacterTokenizer vocab repeats a character; each must be unique.")
         if unknown not in tokens:
-            raise ValueError(f"CharacterTokenizer unknown={unknown!r} is not in the vocab. Fix: "
+            raise InputError(f"CharacterTokenizer unknown={unknown!r} is not in the vocab. Fix: "
                              "pass a character of the vocab, e.g. ' '.")
         self.vocab = "".join(tokens)
         self.unknown = unknown
@@ -99,7 +101,7 @@ def encode_tokenizer(tokenizer: Any) -> tuple[str, str, bytes]:
         return "characters", _FILES["characters"], tokenizer.to_json().encode("utf-8")
     if type(tokenizer).__module__.startswith("tokenizers") and hasattr(tokenizer, "to_str"):
         return "tokenizers", _FILES["tokenizers"], tokenizer.to_str().encode("utf-8")
-    raise ValueError(
+    raise InputError(
         f"tokenizer is a {type(tokenizer).__name__}; the registry stores a tokenizers.Tokenizer "
         "(saved as its tokenizer.json) or a CharacterTokenizer (a vocabulary), never a pickled "
         "object. Fix: pass tokenizers.Tokenizer.from_file('tokenizer.json') (for a transformers "
@@ -115,7 +117,7 @@ def decode_tokenizer(kind: str, data: bytes) -> TextTokenizer:
         from tokenizers import Tokenizer
 
         return TextTokenizer(kind, Tokenizer.from_str(text))
-    raise ValueError(f"unknown tokenizer kind {kind!r}; this version reads {sorted(_FILES)}.")
+    raise InputError(f"unknown tokenizer kind {kind!r}; this version reads {sorted(_FILES)}.")
 
 
 def check_processing(processing: Mapping[str, Any], vocab_size: int) -> dict[str, Any]:
@@ -127,17 +129,17 @@ def check_processing(processing: Mapping[str, Any], vocab_size: int) -> dict[str
     continuation; default none), ``max_tokens_limit`` (most a request may ask, default 1024).
     """
     if not isinstance(processing, Mapping):
-        raise ValueError(f"processing must be a dict, got {type(processing).__name__}.")
+        raise InputError(f"processing must be a dict, got {type(processing).__name__}.")
     known = {"task", "max_tokens", "max_context", "temperature", "eos_token_id",
              "max_tokens_limit"}
     unknown = sorted(set(processing) - known)
     if unknown:
-        raise ValueError(f"processing has unknown keys {unknown}; it takes {sorted(known)}.")
+        raise InputError(f"processing has unknown keys {unknown}; it takes {sorted(known)}.")
     spec = {"task": "text-generation", "max_tokens": 16, "max_context": None,
             "temperature": 0.0, "eos_token_id": None, "max_tokens_limit": 1024,
             **dict(processing)}
     if spec["task"] not in TASKS:
-        raise ValueError(f"processing['task']={spec['task']!r} is not supported. Fix: use one "
+        raise InputError(f"processing['task']={spec['task']!r} is not supported. Fix: use one "
                          f"of {list(TASKS)}.")
     for key, low in (("max_tokens", 1), ("max_tokens_limit", 1)):
         _int(key, spec[key], low)
@@ -146,20 +148,20 @@ def check_processing(processing: Mapping[str, Any], vocab_size: int) -> dict[str
     if spec["eos_token_id"] is not None:
         _int("eos_token_id", spec["eos_token_id"], 0)
         if spec["eos_token_id"] >= vocab_size:
-            raise ValueError(f"processing['eos_token_id']={spec['eos_token_id']} is not a token "
+            raise InputError(f"processing['eos_token_id']={spec['eos_token_id']} is not a token "
                              f"of the tokenizer (vocab size {vocab_size}).")
     temperature = spec["temperature"]
     if isinstance(temperature, bool) or not isinstance(temperature, int | float) \
             or not 0 <= temperature <= 100:
-        raise ValueError(f"processing['temperature']={temperature!r} must be a number in "
+        raise InputError(f"processing['temperature']={temperature!r} must be a number in "
                          "[0, 100] (0 = greedy).")
     spec["temperature"] = float(temperature)
     if spec["max_tokens"] > spec["max_tokens_limit"]:
-        raise ValueError(f"processing['max_tokens']={spec['max_tokens']} exceeds "
+        raise InputError(f"processing['max_tokens']={spec['max_tokens']} exceeds "
                          f"max_tokens_limit={spec['max_tokens_limit']}.")
     return spec
 
 
 def _int(key: str, value: Any, low: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"processing[{key!r}]={value!r} must be an integer >= {low}.")
+        raise InputError(f"processing[{key!r}]={value!r} must be an integer >= {low}.")

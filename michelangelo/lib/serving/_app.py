@@ -20,6 +20,7 @@ from ray import serve
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from michelangelo.errors import ServiceError
 from michelangelo.lib.serving._binary import read_body, render
 from michelangelo.lib.serving._description import DeploymentDescription
 from michelangelo.lib.serving._errors import (
@@ -242,7 +243,7 @@ class ModelEndpoint:
 
     def check_health(self) -> None:
         if not self._ready:
-            raise RuntimeError("model not loaded")
+            raise ServiceError("model not loaded")
 
 
 def _as_error(exc: BaseException | None) -> HTTPError:

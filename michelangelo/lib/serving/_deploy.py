@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from michelangelo.errors import InputError
 from michelangelo.lib.serving._cluster import connect, ensure_serve, http_address, serve_client
 from michelangelo.lib.serving._description import MIB, DeploymentDescription
 from michelangelo.lib.serving._errors import (
@@ -223,7 +224,7 @@ def deploy(spec: Any, *, name: str | None = None, num_replicas: int = 1,
         share = _traffic_share(traffic, revision.revision_id)
     root = str(reg.url)
     if root.startswith("memory://"):
-        raise ValueError(
+        raise InputError(
             f"registry root {root!r} is in this process's memory, which serving replicas (other "
             "processes) cannot read. Fix: use a registry on shared storage (a local folder, "
             "s3://, gs://).")
@@ -264,22 +265,22 @@ def deploy(spec: Any, *, name: str | None = None, num_replicas: int = 1,
 def _canary_share(canary: Any, traffic: Any, auto_rollback: Any) -> float | None:
     """The canary's share from ``canary=`` (``traffic=`` is checked once the revision is known)."""
     if canary is not None and traffic is not None:
-        raise ValueError("deploy() takes canary= or traffic=, not both. Fix: canary=0.2, or "
+        raise InputError("deploy() takes canary= or traffic=, not both. Fix: canary=0.2, or "
                          "traffic={stable_revision: 0.8, new_revision: 0.2}.")
     if auto_rollback is not None:
         if canary is None and traffic is None:
-            raise ValueError("auto_rollback= applies to a canary: pass canary= (or traffic=) "
+            raise InputError("auto_rollback= applies to a canary: pass canary= (or traffic=) "
                              "too. Fix: deploy(spec, name=..., canary=0.2, auto_rollback=...).")
         if isinstance(auto_rollback, dict):
             AutoRollback(**auto_rollback)
         elif not isinstance(auto_rollback, AutoRollback):
-            raise ValueError(f"auto_rollback={auto_rollback!r} must be an AutoRollback. Fix: "
+            raise InputError(f"auto_rollback={auto_rollback!r} must be an AutoRollback. Fix: "
                              "auto_rollback=AutoRollback(max_error_rate=0.05).")
     if canary is None:
         return None
     if isinstance(canary, bool) or not isinstance(canary, int | float) or not (
             0 < canary < 1) or math.isnan(canary):
-        raise ValueError(
+        raise InputError(
             f"canary={canary!r} must be a share strictly between 0 and 1 (the part of the "
             "requests the new revision answers). Fix: e.g. canary=0.2; to move all traffic "
             "use promote(name), or deploy without canary=.")
@@ -290,25 +291,25 @@ def _traffic_share(traffic: Any, new_revision: int) -> float:
     """The new revision's weight in ``traffic={revision: weight}``, checked."""
     if not isinstance(traffic, dict) or len(traffic) != 2 or not all(
             isinstance(r, int) and not isinstance(r, bool) for r in traffic):
-        raise ValueError(
+        raise InputError(
             f"traffic={traffic!r} must map two revision numbers (the endpoint's and the new "
             f"one) to weights. Fix: e.g. traffic={{1: 0.8, {new_revision}: 0.2}}.")
     for revision, weight in traffic.items():
         if isinstance(weight, bool) or not isinstance(weight, int | float) or not (
                 0 <= weight <= 1):
-            raise ValueError(f"traffic={traffic!r}: the weight of revision {revision} is "
+            raise InputError(f"traffic={traffic!r}: the weight of revision {revision} is "
                              f"{weight!r}; weights are shares between 0 and 1.")
     total = sum(traffic.values())
     if abs(total - 1) > 1e-6:
-        raise ValueError(f"traffic={traffic!r}: the weights sum to {total:g}, not 1. Fix: "
+        raise InputError(f"traffic={traffic!r}: the weights sum to {total:g}, not 1. Fix: "
                          f"e.g. traffic={{1: 0.8, {new_revision}: 0.2}}.")
     if new_revision not in traffic:
-        raise ValueError(f"traffic={traffic!r} gives no weight to the revision being deployed "
+        raise InputError(f"traffic={traffic!r} gives no weight to the revision being deployed "
                          f"({new_revision}). Fix: name it, e.g. "
                          f"traffic={{1: 0.8, {new_revision}: 0.2}}.")
     share = float(traffic[new_revision])
     if not 0 < share < 1:
-        raise ValueError(f"traffic={traffic!r}: the new revision {new_revision}'s weight must be "
+        raise InputError(f"traffic={traffic!r}: the new revision {new_revision}'s weight must be "
                          "strictly between 0 and 1. Fix: to move all traffic use promote(name),"
                          " or deploy without traffic=.")
     return share
@@ -344,7 +345,7 @@ def _start_canary(description: DeploymentDescription, share: float,
             "revision. Fix: register the new revision and deploy that one with canary=.")
     if traffic_revisions is not None and old.revision_id not in traffic_revisions:
         other = sorted(traffic_revisions - {description.revision_id})
-        raise ValueError(f"traffic= weighs revisions {sorted(traffic_revisions)}, but endpoint "
+        raise InputError(f"traffic= weighs revisions {sorted(traffic_revisions)}, but endpoint "
                          f"{name!r} serves revision {old.revision_id}, not {other[0]}. Fix: "
                          f"traffic={{{old.revision_id}: ..., {description.revision_id}: ...}}.")
     canary = dataclasses.replace(old, revision_id=description.revision_id,
@@ -560,9 +561,9 @@ def _run_apps(targets: list[Any]) -> None:
             app = client.get_serve_status(name).app_status
             status = app_state(app)
             if status == "NOT_STARTED":  # what the controller says of an unknown name
-                raise RuntimeError(f"application {name!r} went away while it was deploying")
+                raise DeploymentError(f"application {name!r} went away while it was deploying")
             if status == "DEPLOY_FAILED":
-                raise RuntimeError(f"Deploying application {name} failed: {app.message}")
+                raise DeploymentError(f"Deploying application {name} failed: {app.message}")
             if status == "RUNNING":
                 pending.remove(name)
         if pending:

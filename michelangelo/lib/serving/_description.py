@@ -11,6 +11,8 @@ import dataclasses
 import re
 from typing import Any
 
+from michelangelo.errors import InputError
+
 _NAME = re.compile(r"^[a-z0-9]([a-z0-9_-]{0,61}[a-z0-9])?$")
 MIB = 2**20
 
@@ -51,28 +53,28 @@ class DeploymentDescription:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
-            raise ValueError(
+            raise InputError(
                 f"deployment name={self.name!r} is not valid: use 1-63 lowercase letters, digits, "
                 "'-' or '_', starting and ending with a letter or digit (it becomes a URL path "
                 "and a Kubernetes-friendly name). Fix: e.g. name='churn-model'.")
         if self.name == "v2":
-            raise ValueError("deployment name='v2' is taken: /v2 is where the Open Inference "
+            raise InputError("deployment name='v2' is taken: /v2 is where the Open Inference "
                              "Protocol answers for every deployment. Fix: choose another name.")
         _check_int("num_replicas", self.num_replicas, 1)
         if self.max_batch_size is not None:
             _check_int("max_batch_size", self.max_batch_size, 1)
         if not isinstance(self.batch_wait_timeout_s, int | float) or not (
                 0 <= self.batch_wait_timeout_s <= 60):
-            raise ValueError(f"batch_wait_timeout_s={self.batch_wait_timeout_s!r} must be a "
+            raise InputError(f"batch_wait_timeout_s={self.batch_wait_timeout_s!r} must be a "
                              "number of seconds between 0 and 60. Fix: e.g. 0.005.")
         _check_int("max_request_bytes", self.max_request_bytes, 1024)
         if not isinstance(self.replica_cpus, int | float) or self.replica_cpus < 0:
-            raise ValueError(f"replica_cpus={self.replica_cpus!r} must be a number >= 0.")
+            raise InputError(f"replica_cpus={self.replica_cpus!r} must be a number >= 0.")
         _check_int("port", self.port, 1)
         if self.port > 65535:
-            raise ValueError(f"port={self.port!r} must be at most 65535.")
+            raise InputError(f"port={self.port!r} must be at most 65535.")
         if not isinstance(self.host, str) or not self.host:
-            raise ValueError(f"host={self.host!r} must be an address such as '127.0.0.1'.")
+            raise InputError(f"host={self.host!r} must be an address such as '127.0.0.1'.")
 
     @property
     def route_prefix(self) -> str:
@@ -108,4 +110,4 @@ class DeploymentDescription:
 
 def _check_int(field: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{field}={value!r} must be an integer >= {minimum}.")
+        raise InputError(f"{field}={value!r} must be an integer >= {minimum}.")

@@ -24,6 +24,8 @@ import math
 import time
 from typing import Any
 
+from michelangelo.errors import InputError
+
 logger = logging.getLogger("michelangelo.serving")
 
 NAMESPACE = "michelangelo-serving"
@@ -64,18 +66,18 @@ class AutoRollback:
 
     def __post_init__(self) -> None:
         if self.max_error_rate is None and self.max_p99_latency_s is None:
-            raise ValueError("AutoRollback needs max_error_rate=, max_p99_latency_s= or both. "
+            raise InputError("AutoRollback needs max_error_rate=, max_p99_latency_s= or both. "
                              "Fix: e.g. AutoRollback(max_error_rate=0.05).")
         if self.max_error_rate is not None and not (
                 isinstance(self.max_error_rate, int | float) and 0 <= self.max_error_rate < 1):
-            raise ValueError(f"AutoRollback max_error_rate={self.max_error_rate!r} must be a "
+            raise InputError(f"AutoRollback max_error_rate={self.max_error_rate!r} must be a "
                              "share in [0, 1). Fix: e.g. 0.05 for 5%.")
         if self.max_p99_latency_s is not None and not (
                 isinstance(self.max_p99_latency_s, int | float) and self.max_p99_latency_s > 0):
-            raise ValueError(f"AutoRollback max_p99_latency_s={self.max_p99_latency_s!r} must be "
+            raise InputError(f"AutoRollback max_p99_latency_s={self.max_p99_latency_s!r} must be "
                              "a number of seconds > 0. Fix: e.g. 0.5.")
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
-            raise ValueError(f"AutoRollback window={self.window!r} must be an integer >= 1 "
+            raise InputError(f"AutoRollback window={self.window!r} must be an integer >= 1 "
                              "(requests). Fix: e.g. 50.")
 
     def verdict(self, outcomes: list[tuple[bool, float]]) -> str | None:

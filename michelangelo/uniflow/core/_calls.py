@@ -13,6 +13,7 @@ import threading
 import time
 from typing import Any
 
+from michelangelo.errors import InputTypeError, InternalError
 from michelangelo.uniflow.core._console import Reporter
 from michelangelo.uniflow.core._failures import error_dict, summarized, task_failed
 from michelangelo.uniflow.core._fingerprint import call_key, inputs_fingerprint
@@ -107,10 +108,10 @@ class TaskCalls:
         """The one way a task's state changes: checked, stamped, saved, then announced.
 
         Raises:
-            RuntimeError: ``state`` does not follow the record's state (a uniflow bug).
+            InternalError: ``state`` does not follow the record's state (a uniflow bug).
         """
         if not record.state.can_become(state):
-            raise RuntimeError(
+            raise InternalError(
                 f"task {record.call_id}: {record.state.value} -> {state.value} is not a task "
                 "transition (a bug in uniflow; please report it)")
         now = time.time()
@@ -229,6 +230,6 @@ def bind_arguments(signature: inspect.Signature, args: tuple, kwargs: dict,
     try:
         bound = signature.bind(*args, **kwargs)
     except TypeError as exc:
-        raise TypeError(f"{name}(): {exc}") from None
+        raise InputTypeError(f"{name}(): {exc}") from None
     bound.apply_defaults()
     return dict(bound.arguments)

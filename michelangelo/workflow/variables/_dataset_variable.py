@@ -5,6 +5,7 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
+from michelangelo.errors import InputError, InputTypeError
 from michelangelo.workflow.variables._stored_reads import read_ray_dataset, read_table
 
 _NOT_LOADED = object()
@@ -42,7 +43,7 @@ class DatasetVariable:
             TypeError: For any other kind of value.
         """
         if not _is_supported(value):
-            raise TypeError(
+            raise InputTypeError(
                 f"DatasetVariable.create(value) got a {type(value).__module__}."
                 f"{type(value).__name__}; pass a ray.data.Dataset, a pandas.DataFrame or a "
                 "pyarrow.Table."
@@ -66,7 +67,7 @@ class DatasetVariable:
         """
         if not self.is_stored:
             if self._value is _NOT_LOADED:
-                raise ValueError("DatasetVariable has neither stored data nor a value to load.")
+                raise InputError("DatasetVariable has neither stored data nor a value to load.")
             self._value = _to_ray(self._value)
             return self._value
         fs, sizes = self._stored_files()
@@ -77,7 +78,7 @@ class DatasetVariable:
         """Read the stored Parquet files into a pandas ``DataFrame`` and keep it in ``value``."""
         if not self.is_stored:
             if self._value is _NOT_LOADED:
-                raise ValueError("DatasetVariable has neither stored data nor a value to load.")
+                raise InputError("DatasetVariable has neither stored data nor a value to load.")
             self._value = _to_pandas(self._value)
             return self._value
         fs, sizes = self._stored_files()

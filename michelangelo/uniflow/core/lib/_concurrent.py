@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from michelangelo.errors import InputTypeError
 from michelangelo.uniflow.core import Task
 from michelangelo.uniflow.core.errors import UserError
 from michelangelo.uniflow.core.plugin import (
@@ -295,7 +296,7 @@ def _as_call(item: Any, position: int) -> BranchCall:
         return item
     if callable(item):
         return BranchCall(item)
-    raise TypeError(
+    raise InputTypeError(
         f"batch_run(callables=...): item {position} is {item!r}, which is not callable. "
         "Make each item with concurrent.new_callable(fn, *args, **kwargs)."
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from michelangelo.errors import InputError
 from michelangelo.quantity import parse_bytes, parse_quantity
 
 _UNSET = None
@@ -62,28 +63,28 @@ class RayTask:
                 parsed[key] = None if raw is _UNSET else parse_bytes(raw, field=f"RayTask.{key}")
             osm = parsed[f"{role}_object_store_memory"]
             if osm is not None and osm < 75 * 2**20:
-                raise ValueError(
+                raise InputError(
                     f"RayTask.{role}_object_store_memory={getattr(self, f'{role}_object_store_memory')!r}"
                     " is below Ray's minimum object store of 75Mi. Use at least '75Mi'."
                 )
             mem = parsed[f"{role}_memory"]
             if osm is not None and mem is not None and osm > mem:
-                raise ValueError(
+                raise InputError(
                     f"RayTask.{role}_object_store_memory={getattr(self, f'{role}_object_store_memory')!r}"
                     f" exceeds {role}_memory={getattr(self, f'{role}_memory')!r}: the object store "
                     f"lives inside the node's memory. Lower it or raise {role}_memory."
                 )
         if isinstance(self.worker_instances, bool) or not isinstance(self.worker_instances, int):
-            raise ValueError(
+            raise InputError(
                 f"RayTask.worker_instances={self.worker_instances!r} must be a whole number of "
                 "worker nodes, e.g. worker_instances=2."
             )
         if self.worker_instances < 0:
-            raise ValueError(
+            raise InputError(
                 f"RayTask.worker_instances={self.worker_instances!r} must be 0 or more."
             )
         if self.runtime_env is not None and not isinstance(self.runtime_env, dict):
-            raise ValueError(
+            raise InputError(
                 f"RayTask.runtime_env={self.runtime_env!r} must be a dict such as "
                 "{'env_vars': {'KEY': 'value'}, 'pip': [...]}."
             )
@@ -118,7 +119,7 @@ def _cpus(value: Any, field: str) -> float:
 def _count(value: Any, field: str) -> int:
     amount = parse_quantity(value, field=f"RayTask.{field}")
     if amount != amount.to_integral_value():
-        raise ValueError(
+        raise InputError(
             f"RayTask.{field}={value!r} must be a whole number of GPUs, e.g. {field}=1."
         )
     return int(amount)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from michelangelo.errors import InputError
 from michelangelo.uniflow.plugins.ray._config import RayTask
 
 DEFAULT_OBJECT_STORE = {"head": 512 * 2**20, "worker": 256 * 2**20}
@@ -68,7 +69,7 @@ class NodeResources:
 def node_resources(task: RayTask, role: str) -> NodeResources:
     """The resources the ``role`` (``"head"`` or ``"worker"``) node of ``task`` advertises."""
     if role not in ROLES:
-        raise ValueError(f"role={role!r} must be one of {list(ROLES)}.")
+        raise InputError(f"role={role!r} must be one of {list(ROLES)}.")
     memory = task.parsed(f"{role}_memory")
     object_store = task.parsed(f"{role}_object_store_memory") or DEFAULT_OBJECT_STORE[role]
     if memory is not None:

@@ -11,6 +11,8 @@ import tempfile
 import threading
 from collections.abc import Iterator
 
+from michelangelo.errors import ServiceError
+
 try:
     import fcntl
 except ImportError:  # Windows: only this process's own ports are remembered
@@ -182,4 +184,4 @@ def free_port(low: int = _RAY_WORKER_PORTS[1] + 1, high: int = 65535, host: str 
         port = random.randint(a, b)
         if _binds(host, port) and _binds("", port) and _reservations.claim(port):
             return port
-    raise RuntimeError(f"no free port between {low} and {high} on {host}")
+    raise ServiceError(f"no free port between {low} and {high} on {host}")

@@ -29,6 +29,8 @@ from ray.train.constants import (
 )
 from ray.train.v2._internal.util import TrainingFramework
 
+from michelangelo.errors import InputError
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["ProcessGroupConfig", "for_controller"]
@@ -97,7 +99,7 @@ def for_controller(torch_config: Any) -> Any:
     if type(torch_config) is not TorchConfig:
         return torch_config
     if torch_config.init_method not in _INIT_METHODS:
-        raise ValueError(
+        raise InputError(
             f"torch_config.init_method={torch_config.init_method!r} is not supported. Fix: "
             "TorchConfig(init_method='env') (MASTER_ADDR/MASTER_PORT) or "
             "TorchConfig(init_method='tcp')."

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from michelangelo.errors import InputError
 from michelangelo.lib.checkpoints import (
     align_state_dict_keys,
     load_state_dict,
@@ -76,13 +77,13 @@ class LightningTrainerWithStateDict(LightningTrainer):
                 or if the checkpoint's format does not match the strategy.
         """
         if self._train_result is None:
-            raise ValueError(
+            raise InputError(
                 "update_model_state_dict() was called before train(): there is no checkpoint to "
                 "load yet. Fix: call trainer.train() first, then update_model_state_dict(model)."
             )
         source = self._latest_checkpoint or self._train_result.get("checkpoint_path")
         if source is None:
-            raise ValueError(
+            raise InputError(
                 "train() finished without reporting a checkpoint, so there are no weights to "
                 "load. Fix: keep checkpointing on (do not set max_epochs=0, and let a "
                 "ModelCheckpoint callback save at least once if you pass one)."

@@ -12,6 +12,7 @@ from ray.data import DataContext
 from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
+from michelangelo.errors import InputError
 from michelangelo.lib.trainer.torch.pytorch_lightning._checkpoints import (
     experiment_dir_of,
     plan_resume,
@@ -88,7 +89,7 @@ class LightningTrainer(TorchTrainer):
         dataset_config: Any = None,
     ) -> None:
         if not isinstance(trainer_param, LightningTrainerParam):
-            raise ValueError(
+            raise InputError(
                 f"trainer_param must be a LightningTrainerParam, got {type(trainer_param).__name__}"
                 ". Fix: LightningTrainer(trainer_param=LightningTrainerParam(...), ...)."
             )

@@ -15,6 +15,7 @@ import time
 from decimal import Decimal
 from typing import Any
 
+from michelangelo.errors import InputError
 from michelangelo.uniflow.plugins.ray.kuberay._fit import WAIT_GCS_READY
 from michelangelo.uniflow.plugins.ray.provisioning import NodeResources, RayTask, node_resources
 
@@ -122,13 +123,13 @@ def ray_cluster_manifest(
     """
     check_kuberay_name("name", name, max_len=50)
     if auth not in AUTH_MODES:
-        raise ValueError(f"auth={auth!r} is not one of {', '.join(AUTH_MODES)}. Fix: "
+        raise InputError(f"auth={auth!r} is not one of {', '.join(AUTH_MODES)}. Fix: "
                          "auth='token' to have KubeRay turn Ray's token authentication on.")
     _check_name("namespace", namespace, max_len=63)
     all_labels = {MANAGED_LABEL: "uniflow", **(labels or {})}
     for key, value in all_labels.items():
         if not isinstance(value, str) or len(value) > 63 or not _LABEL_VALUE.match(value):
-            raise ValueError(
+            raise InputError(
                 f"labels[{key!r}]={value!r} is not a valid Kubernetes label value (at most 63 "
                 "letters, digits, '-', '_' or '.', starting and ending with a letter or digit)."
             )
@@ -146,7 +147,7 @@ def ray_cluster_manifest(
     head_node_ports = dict(head_node_ports or {})
     unknown = sorted(set(head_node_ports) - set(HEAD_PORTS))
     if unknown:
-        raise ValueError(f"head_node_ports names {unknown}; the head ports are "
+        raise InputError(f"head_node_ports names {unknown}; the head ports are "
                          f"{sorted(HEAD_PORTS)}.")
     spec: dict[str, Any] = {
         "rayVersion": version,
@@ -351,7 +352,7 @@ def check_kuberay_name(field: str, value: Any, *, max_len: int, kind: str = "Ray
     """
     if not isinstance(value, str) or len(value) > max_len or not _DNS1035.match(value):
         too_long = isinstance(value, str) and len(value) > max_len
-        raise ValueError(
+        raise InputError(
             f"{field}={value!r} is not a valid {kind} name: KubeRay takes at most {max_len} "
             "lower-case letters, digits and '-', starting with a letter and ending with a "
             "letter or digit" + (f" (it is {len(value)} characters long)" if too_long else "")
@@ -360,7 +361,7 @@ def check_kuberay_name(field: str, value: Any, *, max_len: int, kind: str = "Ray
 
 def _check_name(field: str, value: Any, *, max_len: int) -> None:
     if not isinstance(value, str) or len(value) > max_len or not _NAME.match(value):
-        raise ValueError(
+        raise InputError(
             f"{field}={value!r} is not a valid Kubernetes name: use at most {max_len} lower-case "
             "letters, digits and '-', starting and ending with a letter or digit "
             "(e.g. 'uf-20261129-train')."

@@ -24,6 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from michelangelo.errors import InputError
 from michelangelo.uniflow.core.plugin import storage_url
 
 logger = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ class FsspecExperimentStore:
     def __post_init__(self) -> None:
         root = self.root if self.root is not None else _default_root()
         if not isinstance(root, str) or not root.strip():
-            raise ValueError(
+            raise InputError(
                 f"FsspecExperimentStore: `root` must be a non-empty folder or fsspec URL, got "
                 f"{self.root!r}; pass e.g. root='s3://bucket/experiment_store' or leave it unset."
             )
@@ -263,7 +264,7 @@ def _read_record(path: str) -> dict[str, Any] | None:
         return None
     record = json.loads(fs.cat_file(fs_path))
     if not isinstance(record, dict):
-        raise ValueError(f"record is a {type(record).__name__}, not a JSON object")
+        raise InputError(f"record is a {type(record).__name__}, not a JSON object")
     return record
 
 

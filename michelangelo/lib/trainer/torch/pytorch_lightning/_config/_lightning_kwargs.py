@@ -15,6 +15,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
+from michelangelo.errors import InputError
 from michelangelo.lib.trainer.torch.pytorch_lightning._config._param import LightningTrainerParam
 from michelangelo.lib.trainer.torch.pytorch_lightning._config._signature_check import check_kwargs
 from michelangelo.lib.trainer.torch.pytorch_lightning._strategies import (
@@ -118,7 +119,7 @@ def resolve_lightning_kwargs(param: LightningTrainerParam) -> ResolvedKwargs:
     siblings = {key: kwargs.pop(key, None) for key in SIBLING_KEYS}
     for key, owner in _RAY_OWNED.items():
         if key in kwargs:
-            raise ValueError(
+            raise InputError(
                 f"lightning_trainer_kwargs[{key!r}]={kwargs[key]!r} is decided by Ray Train "
                 f"(one device per worker). Fix: remove it and set {owner} instead."
             )
@@ -204,20 +205,20 @@ def _choose_logger(kwargs: dict[str, Any], logger_kwargs: Any) -> LoggerChoice:
     given = "logger" in kwargs
     value = kwargs.pop("logger", None)
     if logger_kwargs is not None and not isinstance(logger_kwargs, dict):
-        raise ValueError(
+        raise InputError(
             f"lightning_trainer_kwargs['logger_kwargs'] must be a dict, got {logger_kwargs!r}. "
             "Fix: pass the logger's constructor arguments as a dict."
         )
     if isinstance(value, str):
         name = value.lower()
         if name not in _LOGGERS:
-            raise ValueError(
+            raise InputError(
                 f"lightning_trainer_kwargs['logger']={value!r} is not a known logger name. "
                 f"Fix: use one of {sorted(_LOGGERS)} or pass a Logger instance."
             )
         return LoggerChoice(name=name, kwargs=dict(logger_kwargs or {}), given=True)
     if logger_kwargs:
-        raise ValueError(
+        raise InputError(
             f"lightning_trainer_kwargs['logger_kwargs']={logger_kwargs!r} only applies when "
             f"'logger' is a name, but logger={value!r}. Fix: give the logger as one of "
             f"{sorted(_LOGGERS)}, or pass the arguments to your Logger's constructor."
@@ -228,14 +229,14 @@ def _choose_logger(kwargs: dict[str, Any], logger_kwargs: Any) -> LoggerChoice:
 def _choose_profiler(kwargs: dict[str, Any], profiler_kwargs: Any) -> ProfilerChoice | None:
     value = kwargs.pop("profiler", None)
     if profiler_kwargs is not None and not isinstance(profiler_kwargs, dict):
-        raise ValueError(
+        raise InputError(
             f"lightning_trainer_kwargs['profiler_kwargs'] must be a dict, got "
             f"{profiler_kwargs!r}. Fix: pass the profiler's arguments as a dict."
         )
     extra = dict(profiler_kwargs or {})
     upload = extra.pop("upload_profiler_results", True)
     if not isinstance(upload, bool):
-        raise ValueError(
+        raise InputError(
             f"profiler_kwargs['upload_profiler_results']={upload!r} must be a bool. "
             "Fix: True or False."
         )
@@ -244,7 +245,7 @@ def _choose_profiler(kwargs: dict[str, Any], profiler_kwargs: Any) -> ProfilerCh
     if isinstance(value, str):
         name = value.lower()
         if name not in _PROFILERS:
-            raise ValueError(
+            raise InputError(
                 f"lightning_trainer_kwargs['profiler']={value!r} is not a known profiler. "
                 f"Fix: use one of {sorted(_PROFILERS)} or pass a Profiler instance."
             )
@@ -252,12 +253,12 @@ def _choose_profiler(kwargs: dict[str, Any], profiler_kwargs: Any) -> ProfilerCh
     from pytorch_lightning.profilers import Profiler
 
     if not isinstance(value, Profiler):
-        raise ValueError(
+        raise InputError(
             f"lightning_trainer_kwargs['profiler']={value!r} must be a name or a "
             "pytorch_lightning.profilers.Profiler. Fix: e.g. profiler='simple'."
         )
     if extra:
-        raise ValueError(
+        raise InputError(
             f"profiler_kwargs={extra!r} cannot configure a Profiler instance. Fix: pass them "
             "to the profiler's constructor, or give the profiler by name."
         )

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from michelangelo.errors import InputError
 from michelangelo.lib.trainer.torch.pytorch_lightning._config._signature_check import (
     check_kwargs,
     signature_of,
@@ -93,7 +94,7 @@ class LightningTrainerParam:
             logger.warning(message)
             object.__setattr__(self, "num_epochs_given", True)
         if not callable(self.create_model_fn):
-            raise ValueError(
+            raise InputError(
                 f"LightningTrainerParam.create_model_fn must be callable, got "
                 f"{self.create_model_fn!r}. Fix: pass a function that returns a LightningModule."
             )
@@ -111,7 +112,7 @@ class LightningTrainerParam:
         for name in ("data_collate_fn", "profiler_sink"):
             value = getattr(self, name)
             if value is not None and not callable(value):
-                raise ValueError(f"LightningTrainerParam.{name} must be callable or None, got "
+                raise InputError(f"LightningTrainerParam.{name} must be callable or None, got "
                                  f"{value!r}. Fix: pass a function or leave it unset.")
         if self.lightning_trainer_kwargs is None:
             object.__setattr__(self, "lightning_trainer_kwargs", {})
@@ -119,7 +120,7 @@ class LightningTrainerParam:
         if self.initial_weights_path is not None and (
             not isinstance(self.initial_weights_path, str) or not self.initial_weights_path
         ):
-            raise ValueError(
+            raise InputError(
                 f"LightningTrainerParam.initial_weights_path must be a non-empty string, got "
                 f"{self.initial_weights_path!r}. Fix: a local path or a URL like s3://b/model.pt."
             )
@@ -141,7 +142,7 @@ class LightningTrainerParam:
         missing = [m for m in ("on_result", "on_checkpoint_saved")
                    if not callable(getattr(observer, m, None))]
         if missing:
-            raise ValueError(
+            raise InputError(
                 f"LightningTrainerParam.training_observer={observer!r} lacks {missing}. "
                 "Fix: implement on_result(metrics, checkpoint_path) and "
                 "on_checkpoint_saved(epoch, step, metrics, checkpoint_path)."
@@ -154,7 +155,7 @@ class LightningTrainerParam:
         missing = [m for m in ("track", "locate_resumable")
                    if not callable(getattr(store, m, None))]
         if missing:
-            raise ValueError(
+            raise InputError(
                 f"LightningTrainerParam.experiment_store={store!r} lacks {missing}. Fix: use "
                 "FsspecExperimentStore() or implement track() and locate_resumable()."
             )
@@ -173,19 +174,19 @@ def _describe_factory(fn: Callable[..., Any]) -> str:
 
 def _check_count(name: str, value: Any, *, minimum: int, fix: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"LightningTrainerParam.{name} must be an int >= {minimum}, got "
+        raise InputError(f"LightningTrainerParam.{name} must be an int >= {minimum}, got "
                          f"{value!r}. Fix: {fix}.")
 
 
 def _check_dict(name: str, value: Any) -> None:
     if not isinstance(value, dict):
-        raise ValueError(f"LightningTrainerParam.{name} must be a dict, got "
+        raise InputError(f"LightningTrainerParam.{name} must be a dict, got "
                          f"{type(value).__name__}: {value!r}. Fix: pass a dict (or {{}}).")
 
 
 def _check_type(name: str, value: Any, expected: type) -> None:
     if value is not None and not isinstance(value, expected):
-        raise ValueError(f"LightningTrainerParam.{name} must be a {expected.__name__} or None, "
+        raise InputError(f"LightningTrainerParam.{name} must be a {expected.__name__} or None, "
                          f"got {value!r}. Fix: build one with {expected.__name__}(...).")
 
 
@@ -195,7 +196,7 @@ def _check_dataset(name: str, value: Any, *, optional: bool) -> None:
     if value is None and optional:
         return
     if not isinstance(value, Dataset):
-        raise ValueError(
+        raise InputError(
             f"LightningTrainerParam.{name} must be a ray.data.Dataset, got "
             f"{type(value).__name__}. Fix: wrap the data with ray.data.from_pandas(...) / "
             "ray.data.read_parquet(...)" + (" or pass None." if optional else ".")

@@ -24,6 +24,8 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from michelangelo.errors import InputError
+
 logger = logging.getLogger(__name__)
 
 BYTES_PER_PARAM = 16
@@ -82,7 +84,7 @@ def build_meta_model(create_model_fn: Any, kwargs: dict[str, Any], configure: bo
     except Exception as error:  # noqa: BLE001 - sorted below: skip or surface
         if not cannot_build_here(error):
             name = getattr(create_model_fn, "__qualname__", repr(create_model_fn))
-            raise ValueError(
+            raise InputError(
                 f"create_model_fn {name}(**create_model_fn_kwargs) raised "
                 f"{type(error).__name__}: {error} when the driver built it on the meta device "
                 "(no memory, no weights) for the memory preflight; every worker would fail the "
@@ -93,7 +95,7 @@ def build_meta_model(create_model_fn: Any, kwargs: dict[str, Any], configure: bo
                      "device here (%s: %s)", type(error).__name__, error)
         return None
     if not isinstance(model, pl.LightningModule):
-        raise ValueError(
+        raise InputError(
             f"create_model_fn returned {type(model).__name__}, not a "
             "pytorch_lightning.LightningModule. Fix: return a LightningModule (import "
             "pytorch_lightning, not lightning.pytorch)."
@@ -196,7 +198,7 @@ def _judge(parameters: int, strategy: Any, workers: int, budget: tuple[int, str]
         f"{estimate.fraction:.0%} of {budget[0] / 2**30:.2f} GiB ({budget[1]})"
     )
     if estimate.fraction > 1.0:
-        raise ValueError(
+        raise InputError(
             f"Memory preflight: {text}. Fix: raise worker_memory (or the GPU), add workers "
             "with a sharding strategy ('fsdp', 'fsdp2' or 'deepspeed'), or shrink the model."
         )

@@ -20,6 +20,8 @@ import typing
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from michelangelo.errors import InputError
+
 __all__ = ["check_kwargs", "closest", "describe", "matches", "signature_of"]
 
 _KEYWORD_KINDS = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
@@ -69,21 +71,21 @@ def check_kwargs(
     extra = set(extra_names)
     for key in kwargs:
         if not isinstance(key, str):
-            raise ValueError(f"{label} has the key {key!r}, but keyword names must be strings. "
+            raise InputError(f"{label} has the key {key!r}, but keyword names must be strings. "
                              f"Fix: use the parameter name of {target} as a string.")
     accepted = [n for n, p in params.items() if p.kind in _KEYWORD_KINDS] + sorted(extra)
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     if not takes_any:
         unknown = [k for k in kwargs if k not in accepted]
         if unknown:
-            raise ValueError(_unknown_message(unknown, accepted, label, target))
+            raise InputError(_unknown_message(unknown, accepted, label, target))
     required = [n for n, p in params.items()
                 if p.default is inspect.Parameter.empty
                 and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
     positional_only = [n for n in required
                        if params[n].kind is inspect.Parameter.POSITIONAL_ONLY]
     if positional_only:
-        raise ValueError(
+        raise InputError(
             f"{target} requires the positional-only parameter(s) {positional_only}, which "
             f"{label} cannot fill (it is passed as keywords). Fix: give {target} keyword "
             "parameters, or bind them with functools.partial."
@@ -91,7 +93,7 @@ def check_kwargs(
     missing = [n for n in required if n not in kwargs]
     if missing:
         example = ", ".join(f"{n!r}: ..." for n in missing)
-        raise ValueError(
+        raise InputError(
             f"{label} lacks {', '.join(map(repr, missing))}, required by {target}, which is "
             f"called with {label} as its keywords. Fix: add {{{example}}} to {label}, or give "
             "the parameter a default."

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from michelangelo.errors import InputError
+
 # ModelSpec names a registry model; it lives with the checkpoint readers in
 # ``michelangelo.lib.checkpoints``, which the trainer and the registry both use.
 from michelangelo.lib.checkpoints import ModelSpec
@@ -54,12 +56,12 @@ class TransferLearningMetadata:
             try:
                 object.__setattr__(self, "learning_mode", LearningMode(self.learning_mode))
             except ValueError:
-                raise ValueError(
+                raise InputError(
                     f"TransferLearningMetadata.learning_mode={self.learning_mode!r} is not a "
                     f"LearningMode. Fix: use one of {[m.value for m in LearningMode]}."
                 ) from None
         if self.baseline_model is not None and not isinstance(self.baseline_model, ModelSpec):
-            raise ValueError(
+            raise InputError(
                 f"TransferLearningMetadata.baseline_model must be a ModelSpec, got "
                 f"{self.baseline_model!r}. Fix: ModelSpec(project_name=..., model_name=...)."
             )
@@ -69,20 +71,20 @@ def _names(owner: str, name: str, value: Any, *, regex: bool = False) -> tuple[s
     if value is None:
         return ()
     if isinstance(value, str) or not isinstance(value, Sequence):
-        raise ValueError(
+        raise InputError(
             f"{owner}.{name} must be a list of strings, got {value!r}. "
             f"Fix: wrap it in a list, e.g. [{value!r}]."
         )
     out = []
     for item in value:
         if not isinstance(item, str) or not item:
-            raise ValueError(f"{owner}.{name} holds {item!r}; every entry must be a non-empty "
+            raise InputError(f"{owner}.{name} holds {item!r}; every entry must be a non-empty "
                              "string. Fix: remove it or spell the layer name.")
         if regex:
             try:
                 re.compile(item)
             except re.error as error:
-                raise ValueError(f"{owner}.{name} holds {item!r}, which is not a valid regular "
+                raise InputError(f"{owner}.{name} holds {item!r}, which is not a valid regular "
                                  f"expression ({error}). Fix: escape it or correct it.") from None
         out.append(item)
     return tuple(out)
@@ -90,13 +92,13 @@ def _names(owner: str, name: str, value: Any, *, regex: bool = False) -> tuple[s
 
 def _check_metadata(owner: str, metadata: Any) -> None:
     if metadata is not None and not isinstance(metadata, TransferLearningMetadata):
-        raise ValueError(f"{owner}.metadata must be a TransferLearningMetadata, got "
+        raise InputError(f"{owner}.metadata must be a TransferLearningMetadata, got "
                          f"{metadata!r}. Fix: TransferLearningMetadata(learning_mode=...).")
 
 
 def _check_submodule(owner: str, value: Any) -> None:
     if value is not None and not isinstance(value, str):
-        raise ValueError(f"{owner}.fused_model_submodule must be a string or None, got "
+        raise InputError(f"{owner}.fused_model_submodule must be a string or None, got "
                          f"{value!r}. Fix: leave it unset; it is reserved.")
     if value is not None:
         warnings.warn(f"{owner}.fused_model_submodule={value!r} has no effect: the field is "
@@ -143,7 +145,7 @@ class TransferLearningSpec:
         for name in ("layer_names_to_freeze_regex", "layer_names_to_inherit_regex"):
             object.__setattr__(self, name, _names(owner, name, getattr(self, name), regex=True))
         if self.model_loader_function is not None and not callable(self.model_loader_function):
-            raise ValueError(f"{owner}.model_loader_function must be callable, got "
+            raise InputError(f"{owner}.model_loader_function must be callable, got "
                              f"{self.model_loader_function!r}. Fix: pass a function or None.")
         _check_submodule(owner, self.fused_model_submodule)
 
@@ -178,11 +180,11 @@ class IncrementalTrainingSpec:
         owner = "IncrementalTrainingSpec"
         _check_metadata(owner, self.metadata)
         if not isinstance(self.load_optimizer_weights, bool):
-            raise ValueError(f"{owner}.load_optimizer_weights must be a bool, got "
+            raise InputError(f"{owner}.load_optimizer_weights must be a bool, got "
                              f"{self.load_optimizer_weights!r}. Fix: True or False.")
         epoch = self.override_incremental_training_epoch
         if epoch is not None and (isinstance(epoch, bool) or not isinstance(epoch, int)
                                   or epoch < 0):
-            raise ValueError(f"{owner}.override_incremental_training_epoch must be an int >= 0 "
+            raise InputError(f"{owner}.override_incremental_training_epoch must be an int >= 0 "
                              f"or None, got {epoch!r}. Fix: pass an epoch number or None.")
         _check_submodule(owner, self.fused_model_submodule)

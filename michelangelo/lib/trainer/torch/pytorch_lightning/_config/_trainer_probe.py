@@ -30,6 +30,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
+from michelangelo.errors import InputError
 from michelangelo.lib.trainer.torch.pytorch_lightning._config._lightning_kwargs import (
     TRAINER_DEFAULTS,
     ResolvedKwargs,
@@ -105,7 +106,7 @@ def _check_types(resolved: ResolvedKwargs, labels: dict[str, str]) -> None:
         if matches(value, annotation):
             continue
         expected = describe(annotation)
-        raise ValueError(
+        raise InputError(
             f"{_label(labels, key)}={value!r} is not accepted by pytorch_lightning.Trainer, "
             f"which declares {key}: {expected}. Fix: pass a value of that type, or remove the "
             f"key to use the default {_default_of(key)!r}."
@@ -121,7 +122,7 @@ def _check_accelerator(accelerator: Any) -> None:
     if accelerator not in names:
         suggestion = closest(accelerator, names)
         hint = f"did you mean {suggestion!r}? " if suggestion else ""
-        raise ValueError(
+        raise InputError(
             f"lightning_trainer_kwargs['accelerator']={accelerator!r} is not an accelerator "
             f"Lightning knows; {hint}Fix: use one of {names}, or leave it unset (workers pick "
             "their device from ScalingConfig(use_gpu=...))."
@@ -134,7 +135,7 @@ def _check_loop_bounds(kwargs: dict[str, Any], labels: dict[str, str]) -> None:
         if value is None or isinstance(value, bool) or not isinstance(value, int):
             continue
         if value < minimum:
-            raise ValueError(
+            raise InputError(
                 f"{_label(labels, key)}={value!r} must be an int >= {minimum} ({why}). "
                 "pytorch_lightning.Trainer accepts it at construction and fails or misbehaves "
                 f"only once training runs. Fix: pass an int >= {minimum}, or remove the key to "
@@ -176,7 +177,7 @@ def _probe(resolved: ResolvedKwargs, labels: dict[str, str]) -> None:
     if key == "logger":
         shown = resolved.logger.value if resolved.logger.name is None else resolved.logger.name
     message = " ".join(str(error).split())
-    raise ValueError(
+    raise InputError(
         f"{label}={shown!r} is refused by pytorch_lightning.Trainer ({type(error).__name__}: "
         f"{message}). Fix: change it as Lightning's message says, or remove the key to use "
         f"the default {_default_of(key)!r}."

@@ -10,6 +10,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
+from michelangelo.errors import InputError
 from michelangelo.lib.trainer.torch.pytorch_lightning._config._lightning_kwargs import (
     ResolvedKwargs,
 )
@@ -50,7 +51,7 @@ def check_picklable(param: LightningTrainerParam, resolved: ResolvedKwargs) -> N
         try:
             pickle.dumps(value)
         except Exception as error:  # noqa: BLE001 - any pickling failure has the same fix
-            raise ValueError(
+            raise InputError(
                 f"{label}={value!r} cannot be pickled ({type(error).__name__}: {error}), so Ray "
                 "cannot send it to the workers. Fix: define it at module level, keep locks, "
                 "open files and clients out of it (create them lazily on the worker)."
@@ -63,7 +64,7 @@ def check_precision(resolved: ResolvedKwargs, scaling_config: Any) -> None:
     if precision is None or scaling_config.use_gpu:
         return
     if str(precision) in _FP16:
-        raise ValueError(
+        raise InputError(
             f"lightning_trainer_kwargs['precision']={precision!r} needs a GPU, but the "
             "ScalingConfig has use_gpu=False (CPU workers). Fix: use precision='bf16-mixed' "
             "(or 32) on CPU, or set ScalingConfig(use_gpu=True)."
@@ -77,7 +78,7 @@ def check_clipping(resolved: ResolvedKwargs) -> None:
         return
     algorithm = kwargs.get("gradient_clip_algorithm") or "norm"
     if algorithm == "norm" and resolved.strategy.name == "fsdp":
-        raise ValueError(
+        raise InputError(
             f"lightning_trainer_kwargs['gradient_clip_val']={kwargs['gradient_clip_val']!r} "
             "with gradient_clip_algorithm='norm' is not supported under strategy='fsdp' (each "
             "shard would clip by its own norm). Fix: set gradient_clip_algorithm='value', clip "

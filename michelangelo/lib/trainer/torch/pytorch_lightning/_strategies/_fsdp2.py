@@ -20,6 +20,7 @@ import torch.distributed
 from pytorch_lightning.plugins.environments import ClusterEnvironment
 from typing_extensions import override
 
+from michelangelo.errors import InputError, InputTypeError
 from michelangelo.lib.trainer.torch.pytorch_lightning._strategies._ray_lightning import (
     ray_lightning,
 )
@@ -66,13 +67,13 @@ def validate_fsdp2_kwargs(strategy_kwargs: dict[str, Any] | None) -> dict[str, A
     if strategy_kwargs is None:
         return {"save_distributed_checkpoint": True}
     if not isinstance(strategy_kwargs, dict):
-        raise TypeError(
+        raise InputTypeError(
             "lightning_trainer_kwargs['strategy_kwargs'] must be a dict for strategy='fsdp2', "
             f"got {type(strategy_kwargs).__name__}: {strategy_kwargs!r}."
         )
     for key, (why, fix) in _RAY_OWNED_KWARGS.items():
         if key in strategy_kwargs:
-            raise ValueError(
+            raise InputError(
                 f"strategy_kwargs[{key!r}]={strategy_kwargs[key]!r} is not allowed with "
                 f"strategy='fsdp2': {why}. Fix: {fix}."
             )

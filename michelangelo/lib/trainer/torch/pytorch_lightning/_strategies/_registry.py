@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from michelangelo.errors import InputError
+
 __all__ = ["StrategyChoice", "choose_strategy", "strategy_names"]
 
 
@@ -26,7 +28,7 @@ def _ray_deepspeed() -> type:
     try:
         import deepspeed  # noqa: F401
     except ImportError as error:
-        raise ValueError(
+        raise InputError(
             "lightning_trainer_kwargs['strategy']='deepspeed' needs DeepSpeed, which is not "
             f"installed ({error}). Fix: install the trainer-deepspeed extra."
         ) from None
@@ -136,7 +138,7 @@ def choose_strategy(strategy: Any, strategy_kwargs: Any) -> StrategyChoice:
     from pytorch_lightning.strategies import Strategy
 
     if strategy_kwargs is not None and not isinstance(strategy_kwargs, dict):
-        raise ValueError(
+        raise InputError(
             f"lightning_trainer_kwargs['strategy_kwargs'] must be a dict, got "
             f"{type(strategy_kwargs).__name__}: {strategy_kwargs!r}. Fix: pass a dict of "
             "constructor arguments for the strategy."
@@ -144,7 +146,7 @@ def choose_strategy(strategy: Any, strategy_kwargs: Any) -> StrategyChoice:
     kwargs = dict(strategy_kwargs or {})
     if isinstance(strategy, Strategy):
         if kwargs:
-            raise ValueError(
+            raise InputError(
                 f"lightning_trainer_kwargs['strategy_kwargs']={kwargs!r} cannot be combined with "
                 f"a strategy instance ({type(strategy).__name__}). Fix: pass the arguments to "
                 "the instance's constructor, or give the strategy as a string."
@@ -153,7 +155,7 @@ def choose_strategy(strategy: Any, strategy_kwargs: Any) -> StrategyChoice:
     if strategy is None:
         strategy = "ddp"
     if _from_lightning_package(strategy):
-        raise ValueError(
+        raise InputError(
             f"lightning_trainer_kwargs['strategy']={strategy!r} is a lightning.pytorch strategy "
             "(from the `lightning` package, which Ray's RayDDPStrategy, RayFSDPStrategy and "
             "RayDeepSpeedStrategy are built on whenever it is installed), but LightningTrainer "
@@ -163,7 +165,7 @@ def choose_strategy(strategy: Any, strategy_kwargs: Any) -> StrategyChoice:
             "pytorch_lightning.strategies.Strategy instance."
         )
     if not isinstance(strategy, str) or strategy.lower() not in _REGISTRY:
-        raise ValueError(
+        raise InputError(
             f"lightning_trainer_kwargs['strategy']={strategy!r} is not supported. Fix: use one "
             f"of {strategy_names()} (or None for 'ddp'), or pass a "
             "pytorch_lightning.strategies.Strategy instance."
@@ -174,7 +176,7 @@ def choose_strategy(strategy: Any, strategy_kwargs: Any) -> StrategyChoice:
     try:
         kwargs = entry.check_kwargs(kwargs)
     except TypeError as error:
-        raise ValueError(str(error)) from None
+        raise InputError(str(error)) from None
     _check_constructor(name, entry.load(), kwargs)
     return StrategyChoice(name=name, kwargs=kwargs)
 
@@ -200,7 +202,7 @@ def _check_constructor(name: str, cls: type, kwargs: dict[str, Any]) -> None:
     unknown = [k for k in kwargs if k not in signature.parameters]
     if unknown:
         valid = [p for p in signature.parameters if p != "self"]
-        raise ValueError(
+        raise InputError(
             f"lightning_trainer_kwargs['strategy_kwargs'] has {unknown} that "
             f"strategy={name!r} ({cls.__name__}) does not accept. Fix: use only {valid}."
         )

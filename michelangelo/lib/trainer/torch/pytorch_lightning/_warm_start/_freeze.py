@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from michelangelo.errors import InputError
 from michelangelo.lib.trainer.torch.pytorch_lightning._config import TransferLearningSpec
 
 __all__ = ["freeze_layers", "frozen_names"]
@@ -35,7 +36,7 @@ def frozen_names(names: list[str], spec: TransferLearningSpec) -> list[str]:
             unmatched.append(f"layer_names_to_freeze_regex: {pattern!r}")
         selected.update(hits)
     if unmatched:
-        raise ValueError(
+        raise InputError(
             f"TransferLearningSpec patterns match no parameter of the model: {unmatched}. "
             f"The model's parameters include {names[:8]}. Fix: use those names (a module "
             "name freezes everything under it) or correct the regular expression."

@@ -16,6 +16,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from michelangelo.errors import InputError
 from michelangelo.lib.checkpoints import (
     ModelSpec,
     align_state_dict_keys,
@@ -72,7 +73,7 @@ def _check_fit(model: Any, stored_shapes: dict[str, tuple[int, ...]], name: str)
     wrong = [f"{k}: model {list(shapes[k])} vs revision {list(stored[k])}"
              for k in shapes if k in stored and tuple(stored[k]) != shapes[k]]
     if missing or wrong or not shapes:
-        raise ValueError(
+        raise InputError(
             f"IncrementalTrainingSpec: revision {name} does not fit the model "
             f"(missing tensors {missing[:5]}, different shapes {wrong[:5]}); incremental "
             "training continues the same model. Fix: use the create_model_fn (and kwargs) "
@@ -92,7 +93,7 @@ def plan_incremental(spec: IncrementalTrainingSpec | None, models: MetaModels, r
         return None
     baseline = spec.metadata.baseline_model if spec.metadata is not None else None
     if baseline is None:
-        raise ValueError(
+        raise InputError(
             "IncrementalTrainingSpec needs metadata.baseline_model, the registered revision to "
             "continue. Fix: IncrementalTrainingSpec(metadata=TransferLearningMetadata("
             "learning_mode=LearningMode.INCREMENTAL_TRAINING, baseline_model=ModelSpec("
@@ -102,12 +103,12 @@ def plan_incremental(spec: IncrementalTrainingSpec | None, models: MetaModels, r
     kept = revision.optimizer_state or {}
     if spec.load_optimizer_weights:
         if not kept:
-            raise ValueError(
+            raise InputError(
                 f"IncrementalTrainingSpec.load_optimizer_weights=True, but revision "
                 f"{revision.name} kept no optimizer state. Fix: register the run's checkpoint "
                 "with keep_optimizer_state=True, or set load_optimizer_weights=False.")
         if not _single_copy_optimizer(resolved.strategy):
-            raise ValueError(
+            raise InputError(
                 f"IncrementalTrainingSpec.load_optimizer_weights=True needs strategy 'ddp' "
                 f"(a whole optimizer per worker), got {resolved.strategy.name!r}. Fix: use "
                 "'ddp', or set load_optimizer_weights=False.")
@@ -119,7 +120,7 @@ def plan_incremental(spec: IncrementalTrainingSpec | None, models: MetaModels, r
     start = override if override is not None else int(kept.get("epoch", 0))
     max_epochs = resolved.trainer_kwargs.get("max_epochs")
     if max_epochs is not None and max_epochs != -1 and start >= max_epochs:
-        raise ValueError(
+        raise InputError(
             f"IncrementalTrainingSpec starts at epoch {start} (revision {revision.name}"
             f"{' ended there' if override is None else ', override_incremental_training_epoch'}"
             f") but lightning_trainer_kwargs['max_epochs']={max_epochs} counts all epochs, "
@@ -140,7 +141,7 @@ def _restore_schedulers(trainer: Any, states: list[Any] | None) -> None:
                            "the schedule starts afresh.")
         return
     if len(states) != len(configs):
-        raise ValueError(
+        raise InputError(
             f"IncrementalTrainingSpec: revision has {len(states)} LR scheduler state(s), "
             f"configure_optimizers() made {len(configs)}. Fix: keep configure_optimizers "
             "unchanged or set load_optimizer_weights=False.")
@@ -160,7 +161,7 @@ def _loop_position_callback(plan: IncrementalPlan, optimizer_states: list[Any] |
                 return  # resumed from Ray's checkpoint: it already holds all of this
             if optimizer_states is not None:
                 if len(optimizer_states) != len(trainer.optimizers):
-                    raise ValueError(
+                    raise InputError(
                         f"IncrementalTrainingSpec: revision has {len(optimizer_states)} "
                         f"optimizer state(s), configure_optimizers() made "
                         f"{len(trainer.optimizers)}. Fix: keep configure_optimizers unchanged "
@@ -201,7 +202,7 @@ def load_revision(model: Any, weights: dict[str, Any]) -> None:
     aligned, _ = align_state_dict_keys(weights, own.keys())
     missing = [k for k in own if k not in aligned]
     if missing or not own:
-        raise ValueError(f"IncrementalTrainingSpec: the revision lacks the model's tensors "
+        raise InputError(f"IncrementalTrainingSpec: the revision lacks the model's tensors "
                          f"{missing[:5] or '(the model has none yet)'}.")
     with torch.no_grad():
         for key, tensor in own.items():
@@ -226,7 +227,7 @@ def incremental_callback(plan: IncrementalPlan | None, rank: int, world_size: in
 
         status, value = read_on_rank0(read, rank, world_size)
         if status == "error":
-            raise ValueError(f"IncrementalTrainingSpec: optimizer state of the revision could "
+            raise InputError(f"IncrementalTrainingSpec: optimizer state of the revision could "
                              f"not be read on rank 0: {value}")
         states, schedulers = value
         return _loop_position_callback(plan, states, schedulers)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from michelangelo.errors import InputError
 from michelangelo.lib.checkpoints import (
     ModelSpec,
     align_state_dict_keys,
@@ -94,7 +95,7 @@ def inherit_mapping(model_shapes: Shapes, baseline_shapes: Shapes, spec: Transfe
     common = [name for name in model_shapes if name in aligned]
     if not spec.layer_names_to_inherit and not spec.layer_names_to_inherit_regex:
         if not common:
-            raise ValueError(
+            raise InputError(
                 f"TransferLearningSpec: {baseline_name} shares no layer name with the model "
                 f"(baseline: {sorted(baseline_shapes)[:5]}, model: {list(model_shapes)[:5]}). "
                 "Fix: register the baseline from the same kind of model, or set "
@@ -113,7 +114,7 @@ def inherit_mapping(model_shapes: Shapes, baseline_shapes: Shapes, spec: Transfe
             if not hits:
                 unmatched.append(f"layer_names_to_inherit_regex: {pattern!r}")
         if unmatched:
-            raise ValueError(
+            raise InputError(
                 f"TransferLearningSpec patterns match no layer that both the model and "
                 f"{baseline_name} have: {unmatched}. Layers in both: {common[:8]}"
                 f"{' ...' if len(common) > 8 else ''}. Fix: use those names (a module name "
@@ -122,7 +123,7 @@ def inherit_mapping(model_shapes: Shapes, baseline_shapes: Shapes, spec: Transfe
     wrong = [f"{m}: model {list(model_shapes[m])} vs baseline {list(baseline_shapes[b])}"
              for m, b in pairs if tuple(model_shapes[m]) != tuple(baseline_shapes[b])]
     if wrong:
-        raise ValueError(
+        raise InputError(
             f"TransferLearningSpec: inherited layers have different shapes in the model and "
             f"{baseline_name}: {wrong[:5]}. Fix: inherit only layers of the same shape (narrow "
             "layer_names_to_inherit) or build the model with the baseline's sizes.")
@@ -153,7 +154,7 @@ def plan_inherit(spec: TransferLearningSpec | None, models: MetaModels, registry
     baseline = spec.metadata.baseline_model if spec.metadata is not None else None
     if baseline is None:
         if wants:
-            raise ValueError(
+            raise InputError(
                 "TransferLearningSpec sets layer_names_to_inherit(_regex) or "
                 "model_loader_function but no metadata.baseline_model to inherit from. Fix: "
                 "TransferLearningSpec(metadata=TransferLearningMetadata(baseline_model="
@@ -183,7 +184,7 @@ def read_baseline(registry_url: str, baseline: ModelSpec, rank: int, world_size:
     status, value = read_on_rank0(
         lambda: ModelRegistry(registry_url).load_state_dict(baseline), rank, world_size)
     if status == "error":
-        raise ValueError(f"{what}: baseline {baseline.project_name}/{baseline.model_name}:"
+        raise InputError(f"{what}: baseline {baseline.project_name}/{baseline.model_name}:"
                          f"{baseline.revision_id} could not be read on rank 0: {value}")
     return value
 

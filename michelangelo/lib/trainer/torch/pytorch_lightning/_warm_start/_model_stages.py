@@ -17,7 +17,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from michelangelo.errors import MichelangeloError
+from michelangelo.errors import InternalError, MichelangeloError
 from michelangelo.lib.trainer.torch.pytorch_lightning._config import build_meta_model
 
 __all__ = ["AFTER", "BEFORE", "ConfigureModelError", "MetaModels", "first_stage_that_fits", "has_configure_model",
@@ -163,7 +163,7 @@ def run_after_configure(model: Any, action: Callable[[], None], rank: int = 0) -
     class AfterConfigureModel(pl.Callback):
         def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
             if not state["done"]:
-                raise RuntimeError(
+                raise InternalError(
                     "A warm start or freeze planned for after configure_model() did not run: "
                     "Lightning never called configure_model() on this worker.")
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from michelangelo.errors import InputError
 from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start._incremental import (
     IncrementalPlan,
     check_revision_fits,
@@ -67,7 +68,7 @@ def plan_warm_start(param: Any, resolved: Any, models: MetaModels | None = None
     if not inherits and incremental is None:
         return None
     if incremental is not None and param.initial_weights_path:
-        raise ValueError(
+        raise InputError(
             "LightningTrainerParam sets both initial_weights_path and incremental_training_spec;"
             " both decide the starting weights. Fix: keep one of them.")
     from michelangelo.lib.model_registry import ModelRegistry
@@ -99,7 +100,7 @@ def _check_stage_fits_strategy(warm: WarmStart, strategy: Any) -> None:
                                     ("IncrementalTrainingSpec", warm.incremental))
             if plan is not None and plan.stage == AFTER]
     if late and _partitions_while_configuring(strategy):
-        raise ValueError(
+        raise InputError(
             f"{' and '.join(late)} must copy into layers that configure_model() creates, but "
             "DeepSpeed ZeRO-3 partitions those layers as they are created, so no worker holds "
             "them whole. Fix: create the layers in __init__ (ZeRO-3 partitions them when "

@@ -14,6 +14,8 @@ from typing import Any
 
 import fsspec
 
+from michelangelo.errors import InputError
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["apply_initial_weights", "check_initial_weights_fit", "check_weights_path",
@@ -37,7 +39,7 @@ def check_weights_path(path: str) -> None:
     if _is_local(path):
         local = path[len("file://"):] if path.startswith("file://") else path
         if not os.path.isfile(os.path.expanduser(local)):
-            raise ValueError(
+            raise InputError(
                 f"LightningTrainerParam.initial_weights_path={path!r} does not exist (or is not "
                 "a file). Fix: point it at a saved state dict (torch.save(model.state_dict()))."
             )
@@ -49,7 +51,7 @@ def check_weights_path(path: str) -> None:
         logger.debug("Cannot check initial_weights_path %r on the driver: %s", path, error)
         return
     if not exists:
-        raise ValueError(
+        raise InputError(
             f"LightningTrainerParam.initial_weights_path={path!r} does not exist. Fix: check "
             "the URL (bucket, key, protocol) or upload the state dict there."
         )
@@ -65,7 +67,7 @@ def read_state_dict(path: str) -> dict[str, Any]:
     if isinstance(loaded, dict) and isinstance(loaded.get("state_dict"), dict):
         loaded = loaded["state_dict"]  # a Lightning checkpoint
     if not isinstance(loaded, dict):
-        raise ValueError(
+        raise InputError(
             f"LightningTrainerParam.initial_weights_path={path!r} holds a "
             f"{type(loaded).__name__}, not a state dict. Fix: save model.state_dict()."
         )
@@ -142,7 +144,7 @@ def check_initial_weights_fit(model: Any, stored: Mapping[str, Any], path: str) 
     """
     own = model.state_dict()
     if stored and not any(key in own for key in stored):
-        raise ValueError(
+        raise InputError(
             f"LightningTrainerParam.initial_weights_path={path!r}: none of its "
             f"{len(stored)} keys (e.g. {sorted(stored)[:3]}) match the model's parameters "
             f"(e.g. {sorted(own)[:3]}). Fix: save the state dict of the same "
@@ -158,7 +160,7 @@ def read_initial_weights(path: str, rank: int, world_size: int) -> dict[str, Any
     """
     status, value = read_on_rank0(lambda: read_state_dict(path), rank, world_size)
     if status == "error":
-        raise ValueError(
+        raise InputError(
             f"LightningTrainerParam.initial_weights_path={path!r} could not be read on rank 0: "
             f"{value}. Fix: check the path and the workers' access to it."
         )
@@ -181,7 +183,7 @@ def apply_initial_weights(model: Any, weights: Mapping[str, Any], path: str, ran
     wrong = [f"{k}: model {list(own[k].shape)} vs file {list(v.shape)}"
              for k, v in weights.items() if k in own and tuple(own[k].shape) != tuple(v.shape)]
     if wrong:
-        raise ValueError(
+        raise InputError(
             f"LightningTrainerParam.initial_weights_path={path!r}: tensors of another shape "
             f"than the model's ({wrong[:3]}). Fix: save the state dict of a model built with "
             "the same create_model_fn_kwargs.")

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from michelangelo.errors import InputTypeError
 from michelangelo.lib.trainer.torch.pytorch_lightning._config import (
     ResolvedKwargs,
     TransferLearningSpec,
@@ -146,7 +147,7 @@ def _build_model(spec: WorkerSpec, rank: int, world_size: int) -> tuple[Any, lis
 
     model = spec.create_model_fn(**spec.create_model_fn_kwargs)
     if not isinstance(model, pl.LightningModule):
-        raise TypeError(
+        raise InputTypeError(
             f"create_model_fn returned {type(model).__name__}, not a "
             "pytorch_lightning.LightningModule. Fix: return a LightningModule (import "
             "pytorch_lightning, not lightning.pytorch)."
