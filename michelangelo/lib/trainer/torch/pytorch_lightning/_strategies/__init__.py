@@ -10,9 +10,9 @@ load on first use, so resolving a name costs no Lightning or Ray Train import.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from michelangelo.lazy import lazy_exports
 from michelangelo.lib.trainer.torch.pytorch_lightning._strategies._registry import (
     StrategyChoice,
     choose_strategy,
@@ -38,12 +38,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
-
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
 __all__ = [
     "RayLightning",

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -106,6 +106,30 @@ def _logger_and_files(trainer: Any, profiler_dir: str, kind: str,
     return found, files
 
 
+def _upload(trainer: Any, profiler_dir: str, kind: str, logger_class: str, identity_name: str,
+            *, from_rank_zero: Callable[[Any, list[str], str], None],
+            from_peer: Callable[[Any, list[str], str], None]) -> None:
+    """The skeleton both sinks share: find the logger and the files, then upload them with the
+    logger's own connection on global rank 0, or with the identity
+    :func:`share_logger_identity` stored on any other rank (a warning if it is missing)."""
+    found = _logger_and_files(trainer, profiler_dir, kind, logger_class)
+    if found is None:
+        return
+    service_logger, files = found
+    prefix = _node_prefix(trainer)
+    if trainer.global_rank == 0:
+        from_rank_zero(service_logger, files, prefix)
+        return
+    identity = getattr(_identity(trainer), kind)
+    if identity is None:
+        logger.warning("%s_profiler_sink: rank %d has no %s identity; call "
+                       "share_logger_identity(trainer) on all ranks after fit(). Nothing "
+                       "uploaded from node %d.", kind, trainer.global_rank, identity_name,
+                       trainer.node_rank)
+        return
+    from_peer(identity, files, prefix)
+
+
 def mlflow_profiler_sink(trainer: Any, profiler_dir: str) -> None:
     """Upload every file under ``profiler_dir`` to the MLflow run of the trainer's ``MLFlowLogger``.
 
@@ -117,26 +141,21 @@ def mlflow_profiler_sink(trainer: Any, profiler_dir: str) -> None:
         trainer: The ``pytorch_lightning.Trainer`` that ran ``fit()``.
         profiler_dir: The node's folder of profiler output.
     """
-    found = _logger_and_files(trainer, profiler_dir, "mlflow", "MLFlowLogger")
-    if found is None:
-        return
-    mlflow_logger, files = found
-    artifact_path = _node_prefix(trainer)
-    if trainer.global_rank == 0:
-        client, run_id = mlflow_logger.experiment, mlflow_logger.run_id
-    else:
-        identity = _identity(trainer).mlflow
-        if identity is None:
-            logger.warning("mlflow_profiler_sink: rank %d has no MLflow run identity; call "
-                           "share_logger_identity(trainer) on all ranks after fit(). Nothing "
-                           "uploaded from node %d.", trainer.global_rank, trainer.node_rank)
-            return
+
+    def upload(client: Any, run_id: str, files: list[str], artifact_path: str) -> None:
+        client.log_artifacts(run_id, profiler_dir, artifact_path=artifact_path)
+        logger.info("mlflow_profiler_sink: uploaded %d file(s) from %r to run %s under %r.",
+                    len(files), profiler_dir, run_id, artifact_path)
+
+    def from_peer(identity: MlflowRunIdentity, files: list[str], artifact_path: str) -> None:
         from mlflow.tracking import MlflowClient
 
-        client, run_id = MlflowClient(identity.tracking_uri), identity.run_id
-    client.log_artifacts(run_id, profiler_dir, artifact_path=artifact_path)
-    logger.info("mlflow_profiler_sink: uploaded %d file(s) from %r to run %s under %r.",
-                len(files), profiler_dir, run_id, artifact_path)
+        upload(MlflowClient(identity.tracking_uri), identity.run_id, files, artifact_path)
+
+    _upload(trainer, profiler_dir, "mlflow", "MLFlowLogger", "MLflow run",
+            from_rank_zero=lambda found, files, path: upload(
+                found.experiment, found.run_id, files, path),
+            from_peer=from_peer)
 
 
 def comet_profiler_sink(trainer: Any, profiler_dir: str) -> None:
@@ -151,28 +170,22 @@ def comet_profiler_sink(trainer: Any, profiler_dir: str) -> None:
         trainer: The ``pytorch_lightning.Trainer`` that ran ``fit()``.
         profiler_dir: The node's folder of profiler output.
     """
-    found = _logger_and_files(trainer, profiler_dir, "comet", "CometLogger")
-    if found is None:
-        return
-    comet_logger, files = found
-    prefix = _node_prefix(trainer)
-    if trainer.global_rank == 0:
+
+    def from_rank_zero(comet_logger: Any, files: list[str], prefix: str) -> None:
         experiment = comet_logger.experiment
         _log_assets(experiment, profiler_dir, files, prefix)
         # Lightning only flushes at finalize; the experiment stays open for the user.
         experiment.flush()
-        return
-    identity = _identity(trainer).comet
-    if identity is None:
-        logger.warning("comet_profiler_sink: rank %d has no Comet experiment identity; call "
-                       "share_logger_identity(trainer) on all ranks after fit(). Nothing "
-                       "uploaded from node %d.", trainer.global_rank, trainer.node_rank)
-        return
-    experiment = _continue_comet_experiment(identity, trainer.node_rank)
-    try:
-        _log_assets(experiment, profiler_dir, files, prefix)
-    finally:
-        experiment.end()  # writes the offline archive / drains the online upload queue
+
+    def from_peer(identity: CometExperimentIdentity, files: list[str], prefix: str) -> None:
+        experiment = _continue_comet_experiment(identity, trainer.node_rank)
+        try:
+            _log_assets(experiment, profiler_dir, files, prefix)
+        finally:
+            experiment.end()  # writes the offline archive / drains the online upload queue
+
+    _upload(trainer, profiler_dir, "comet", "CometLogger", "Comet experiment",
+            from_rank_zero=from_rank_zero, from_peer=from_peer)
 
 
 def _continue_comet_experiment(identity: CometExperimentIdentity, node_rank: int) -> Any:
