@@ -8,6 +8,7 @@ state belongs to the whole model rather than to one shard.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -34,15 +35,18 @@ _STRATEGY_FOR = {
 }
 
 
+@dataclasses.dataclass
 class TrainingState:
-    """Optimizer states and the loop position of a full checkpoint."""
+    """Optimizer states and the loop position of a checkpoint or of a registered revision.
 
-    def __init__(self, optimizer_states: list[dict[str, Any]], epoch: int, global_step: int,
-                 lr_scheduler_states: list[dict[str, Any]] | None = None):
-        self.optimizer_states = optimizer_states
-        self.epoch = epoch
-        self.global_step = global_step
-        self.lr_scheduler_states = list(lr_scheduler_states or [])
+    ``lr_scheduler_states`` is None where a revision kept no scheduler state (one registered
+    before they were kept); read from a checkpoint it is always a list.
+    """
+
+    optimizer_states: list[dict[str, Any]]
+    epoch: int
+    global_step: int
+    lr_scheduler_states: list[dict[str, Any]] | None = None
 
 
 def _completed_epochs(checkpoint: dict[str, Any]) -> int:

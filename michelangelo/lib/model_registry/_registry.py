@@ -87,19 +87,6 @@ def _scheduler_skeleton(states: builtins.list[dict[str, Any]],
     return skeleton
 
 
-class TrainingStateRecord:
-    """Optimizer states and loop position stored with a revision (``keep_optimizer_state``)."""
-
-    def __init__(self, optimizer_states: builtins.list[dict[str, Any]], epoch: int,
-                 global_step: int,
-                 lr_scheduler_states: builtins.list[dict[str, Any]] | None = None) -> None:
-        self.optimizer_states = optimizer_states
-        self.epoch = epoch
-        self.global_step = global_step
-        # None: the revision kept no scheduler state (older revisions, or one not storable).
-        self.lr_scheduler_states = lr_scheduler_states
-
-
 class ModelRegistry:
     """Versioned model revisions with lineage, integrity checks and aliases.
 
@@ -496,7 +483,7 @@ class ModelRegistry:
         _verify(revision, digest, revision.weights_sha256, WEIGHTS_FILE)
         return weights
 
-    def load_training_state(self, spec: str | ModelSpec) -> TrainingStateRecord:
+    def load_training_state(self, spec: str | ModelSpec) -> TrainingState:
         """The optimizer states and loop position kept with ``keep_optimizer_state=True``.
 
         Raises:
@@ -517,7 +504,7 @@ class ModelRegistry:
             skeleton = {"optimizers": skeleton, "lr_schedulers": None}
         tensors = st.decode(bytearray(blob))
         schedulers = skeleton.get("lr_schedulers")
-        return TrainingStateRecord(
+        return TrainingState(
             join_states(tensors, skeleton["optimizers"]), int(info["epoch"]),
             int(info["global_step"]),
             None if schedulers is None else join_states(tensors, schedulers))
