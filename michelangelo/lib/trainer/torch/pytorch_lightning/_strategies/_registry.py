@@ -1,19 +1,20 @@
 """Strategy resolution: a ``strategy`` string or object becomes a Ray-aware Lightning strategy.
 
-The table is a small registry (name -> class loader, kwarg check) so a new strategy joins it
-without touching the trainer. Precedence: a ``Strategy`` instance passes through untouched;
+Each strategy registers itself (:func:`register_strategy`: its name, a class loader, whether
+it shards, its kwarg check), so a new one joins without touching the trainer or any name test. Precedence: a ``Strategy`` instance passes through untouched;
 None means "ddp"; a string must be a registered name.
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from michelangelo.errors import InputError
 
-__all__ = ["StrategyChoice", "choose_strategy", "strategy_names"]
+__all__ = ["StrategyChoice", "choose_strategy", "register_strategy", "strategy_names"]
 
 
 def _ray_ddp() -> type:
@@ -67,14 +68,50 @@ class _Entry:
     check_kwargs: Callable[[dict[str, Any]], dict[str, Any]] = dict
     # prepare_trainer only accepts the three Ray strategy classes.
     ray_prepared: bool = True
+    # Parameters, gradients and optimizer state split across the workers.
+    shards: bool = False
 
 
-_REGISTRY: dict[str, _Entry] = {
-    "ddp": _Entry(_ray_ddp),
-    "fsdp": _Entry(_ray_fsdp),
-    "fsdp2": _Entry(_ray_fsdp2, _check_fsdp2_kwargs, ray_prepared=False),
-    "deepspeed": _Entry(_ray_deepspeed),
-}
+_REGISTRY: dict[str, _Entry] = {}
+
+
+def register_strategy(name: str, load: Callable[[], type], *, shards: bool = False,
+                      check_kwargs: Callable[[dict[str, Any]], dict[str, Any]] = dict,
+                      ray_prepared: bool = True) -> None:
+    """Make ``strategy=name`` resolve to the class ``load()`` returns.
+
+    Args:
+        name: The ``lightning_trainer_kwargs['strategy']`` string (lower case).
+        load: Returns the class; called only when the name is chosen, so registering imports
+            nothing heavy.
+        shards: Whether the strategy splits parameters, gradients and optimizer state across
+            the workers (the memory preflight and the clipping check read it).
+        check_kwargs: Checks and completes the ``strategy_kwargs`` on the driver.
+        ray_prepared: Whether Ray's ``prepare_trainer`` accepts the class.
+    """
+    if name != name.lower() or name in _REGISTRY:
+        raise InputError(f"strategy name {name!r} is taken or not lower case; registered: "
+                         f"{sorted(_REGISTRY)}. Fix: register a new lower-case name.")
+    _REGISTRY[name] = _Entry(load, check_kwargs, ray_prepared, shards)
+
+
+register_strategy("ddp", _ray_ddp)
+register_strategy("fsdp", _ray_fsdp, shards=True)
+register_strategy("fsdp2", _ray_fsdp2, shards=True, check_kwargs=_check_fsdp2_kwargs,
+                  ray_prepared=False)
+register_strategy("deepspeed", _ray_deepspeed)
+
+
+def _sharding_bases() -> tuple[type, ...]:
+    """Lightning's sharding strategy classes (FSDP, ModelParallel) of each Lightning package
+    already imported (a strategy instance's package always is); every sharding strategy
+    registered here derives from one of them."""
+    bases = []
+    for package in ("pytorch_lightning", "lightning.pytorch"):
+        strategies = sys.modules.get(f"{package}.strategies")
+        if strategies is not None:
+            bases += [strategies.FSDPStrategy, strategies.ModelParallelStrategy]
+    return tuple(bases)
 
 
 def strategy_names() -> list[str]:
@@ -116,9 +153,8 @@ class StrategyChoice:
     def shards_parameters(self) -> bool:
         """Whether parameters, gradients and optimizer state are split across workers."""
         if self.instance is not None:
-            name = type(self.instance).__name__.lower()
-            return "fsdp" in name or "modelparallel" in name
-        return self.name in ("fsdp", "fsdp2")
+            return isinstance(self.instance, _sharding_bases())
+        return _REGISTRY[self.name].shards
 
 
 def choose_strategy(strategy: Any, strategy_kwargs: Any) -> StrategyChoice:

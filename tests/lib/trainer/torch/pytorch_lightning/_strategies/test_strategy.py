@@ -77,3 +77,26 @@ def test_fsdp2_distributed_checkpoint_forced_back_with_warning():
     with pytest.warns(UserWarning, match="save_distributed_checkpoint"):
         choice = choose_strategy("fsdp2", {"save_distributed_checkpoint": False})
     assert choice.kwargs["save_distributed_checkpoint"] is True
+
+
+def test_a_strategy_registers_itself_with_whether_it_shards(monkeypatch):
+    from pytorch_lightning.strategies import FSDPStrategy
+
+    from michelangelo.lib.trainer.torch.pytorch_lightning._strategies import _registry
+
+    monkeypatch.setattr(_registry, "_REGISTRY", dict(_registry._REGISTRY))
+
+    class TeamDDP(DDPStrategy):
+        pass
+
+    _registry.register_strategy("team-ddp", lambda: TeamDDP, ray_prepared=False)
+    choice = choose_strategy("team-ddp", {"find_unused_parameters": True})
+    assert "team-ddp" in strategy_names()
+    assert isinstance(choice.build(), TeamDDP) and not choice.shards_parameters
+    with pytest.raises(ValueError, match="'team-ddp' is taken"):
+        _registry.register_strategy("team-ddp", lambda: TeamDDP)
+    # Registered sharding comes from the registration; an instance's from its Lightning base.
+    assert [choose_strategy(n, None).shards_parameters for n in ("ddp", "fsdp", "fsdp2")] == [
+        False, True, True]
+    assert choose_strategy(FSDPStrategy(), None).shards_parameters
+    assert not choose_strategy(TeamDDP(), None).shards_parameters
