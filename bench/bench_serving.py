@@ -120,7 +120,7 @@ def main() -> None:
 
     from michelangelo.lib.model_registry import ModelRegistry
     from michelangelo.lib.serving import deploy
-    from michelangelo.lib.serving._deploy import post_json
+    from michelangelo.lib.serving._client import post_json
     from michelangelo.uniflow.plugins.ray import LocalRayCluster, RayTask
     from michelangelo.uniflow.plugins.ray.provisioning import free_port
 

@@ -237,7 +237,7 @@ BENCH_INTERNALS = {
     "bench/bench_remote.py: michelangelo.uniflow.plugins.ray._working_dir.pack_project",
     "bench/bench_remote.py: michelangelo.uniflow.plugins.ray._working_dir.project_root",
     # Serving's own HTTP client and app, for a Serve instance outside a run.
-    "bench/bench_serving.py: michelangelo.lib.serving._deploy.post_json",
+    "bench/bench_serving.py: michelangelo.lib.serving._client.post_json",
     "bench/bench_serving_rollout.py: michelangelo.lib.serving._app.build_app",
 }
 

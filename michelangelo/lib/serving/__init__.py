@@ -6,16 +6,15 @@ verify it, and returns a :class:`Deployment` with the endpoint's URL.
 of its requests; :func:`promote` and :func:`rollback` end that rollout.
 """
 
-from michelangelo.lib.serving._deploy import (
+from michelangelo.lib.serving._canary import promote, rollback
+from michelangelo.lib.serving._deploy import deploy
+from michelangelo.lib.serving._description import DeploymentDescription
+from michelangelo.lib.serving._endpoints import (
     Deployment,
     delete_deployment,
-    deploy,
     get_deployment,
     list_deployments,
-    promote,
-    rollback,
 )
-from michelangelo.lib.serving._description import DeploymentDescription
 from michelangelo.lib.serving._errors import (
     DeploymentError,
     DeploymentNotFoundError,

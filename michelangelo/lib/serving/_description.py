@@ -108,6 +108,21 @@ class DeploymentDescription:
         }
 
 
+# Resolved from the registry (and the name from the model), not chosen by a caller.
+_RESOLVED = ("name", "project_name", "model_name", "revision_id", "weights_sha256",
+             "registry_url")
+
+
+def endpoint_options() -> dict[str, Any]:
+    """The endpoint settings a caller chooses (``deploy``'s options), with their defaults.
+
+    The one place they are defined is :class:`DeploymentDescription`; ``deploy`` takes these
+    keywords and the CLI and the docs read them from here.
+    """
+    return {f.name: f.default for f in dataclasses.fields(DeploymentDescription)
+            if f.name not in _RESOLVED}
+
+
 def _check_int(field: str, value: Any, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise InputError(f"{field}={value!r} must be an integer >= {minimum}.")

@@ -93,7 +93,7 @@ def test_quickstart_runs_through_kuberay_and_leaves_nothing(kube_cluster, api, s
     active = service["status"]["activeServiceStatus"]["rayClusterName"]
     assert [c["metadata"]["name"] for c in api.list("RayCluster", "default")] == [active]
     (head,) = api.pods("default", f"ray.io/cluster={active},ray.io/node-type=head")
-    from michelangelo.lib.serving._deploy import post_json
+    from michelangelo.lib.serving._client import post_json
 
     # KubeRay's serve Service sends traffic to every pod that is Ready: the head, and each
     # worker whose own Serve proxy passes the readiness probe KubeRay gave it (a proxy runs
