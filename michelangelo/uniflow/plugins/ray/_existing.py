@@ -30,7 +30,7 @@ class ExistingRayCluster(RayCluster):
             self.shutdown()
             raise
         self.dashboard_url = _dashboard_url()
-        self.state = ClusterState.READY
+        self.transition(ClusterState.READY)
 
     def _check_holds(self, live: ClusterShape) -> None:
         check_holds(self.task, live, where=f"RAY_ADDRESS={self.address!r}",
@@ -49,7 +49,7 @@ class ExistingRayCluster(RayCluster):
 
         if self._connected_here and ray.is_initialized():
             ray.shutdown()
-        self.state = ClusterState.DELETED
+        self.transition(ClusterState.DELETED)
 
 
 def _dashboard_url() -> str | None:

@@ -54,7 +54,7 @@ class LocalRayCluster(RayCluster):
     def __init__(self, task: RayTask, log_dir: str) -> None:
         self.task = task
         self.log_dir = log_dir
-        self.state = ClusterState.PENDING
+        self.transition(ClusterState.PENDING)
         self._procs: list[subprocess.Popen] = []
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -121,10 +121,10 @@ class LocalRayCluster(RayCluster):
                                             name="uniflow-ray-workers")
             self._joiner.start()
         except BaseException:
-            self.state = ClusterState.FAILED
+            self.transition(ClusterState.FAILED)
             self.shutdown()
             raise
-        self.state = ClusterState.READY
+        self.transition(ClusterState.READY)
 
     def _start_head(self) -> int:
         """Start the head node; returns its dashboard port.
@@ -352,7 +352,7 @@ class LocalRayCluster(RayCluster):
         self._procs.clear()
         if getattr(self, "_temp_dir", None):
             shutil.rmtree(self._temp_dir, ignore_errors=True)
-        self.state = ClusterState.DELETED
+        self.transition(ClusterState.DELETED)
 
 
 class _HeadRegistrationTimedOut(ClusterError):

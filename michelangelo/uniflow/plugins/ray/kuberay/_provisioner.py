@@ -134,9 +134,8 @@ class KubeRayCluster(RayCluster):
         self._forward: PortForward | None = None
         self._access: str | None = None if self.settings.head_access == "auto" \
             else self.settings.head_access
-        self.timeline: dict[str, float] = {}
         self.reasons_seen: list[str] = []
-        self.state = ClusterState.PENDING
+        self.transition(ClusterState.PENDING)
         self._token: str | None = None  # the cluster's Ray token (auth "token"); never shown
 
     @property
@@ -185,15 +184,15 @@ class KubeRayCluster(RayCluster):
                 f"the Kubernetes API refused RayCluster {self.name!r} in a dry run: "
                 f"{exc.reason or exc}. Check the RayTask and --image/--namespace options."
             ) from None
-        self._mark("created")
         self.api.create(manifest)
         self._created = True
+        self.transition(ClusterState.CREATED)
         try:
             self._wait_ready(time.monotonic() + deadline_s, deadline_s)
         except BaseException:
-            self.state = ClusterState.FAILED
+            self.transition(ClusterState.FAILED)
             raise
-        self.state = ClusterState.READY
+        self.transition(ClusterState.READY)
 
     def wait_for_nodes(self, timeout_s: float,
                        enough: Callable[[], bool] | None = None) -> None:
@@ -204,7 +203,7 @@ class KubeRayCluster(RayCluster):
         if forward is not None:
             forward.close()
         if self.state == ClusterState.DELETED or not self._created:
-            self.state = ClusterState.DELETED
+            self.transition(ClusterState.DELETED)
             return
         self.api.delete("RayCluster", self.name, self.namespace)
         deadline = time.monotonic() + _DELETE_WAIT_S
@@ -212,8 +211,7 @@ class KubeRayCluster(RayCluster):
             if self.api.get("RayCluster", self.name, self.namespace) is None:
                 break
             time.sleep(_POLL_S)
-        self._mark("deleted")
-        self.state = ClusterState.DELETED
+        self.transition(ClusterState.DELETED)
 
     # -- waiting -----------------------------------------------------------------------------
     def _wait_ready(self, deadline: float, deadline_s: float) -> None:
@@ -247,13 +245,13 @@ class KubeRayCluster(RayCluster):
             expected = 1 + self.task.worker_instances
             phase = _phase(obj, pods, expected)
             if any(p.get("spec", {}).get("nodeName") for p in pods):
-                self._mark("scheduled")
+                self.advance(ClusterState.SCHEDULED)
             status = f"{self.name}: {phase}" + (f" ({'; '.join(reasons)})" if reasons else "")
             if status != last:
                 self._on_progress(status)
                 last = status
             if head_ready(obj, pods):
-                self._mark("head ready")
+                self.advance(ClusterState.HEAD_READY)
             if pods_ready(obj, pods, expected):
                 head = self._head_url(pods)
                 phase = "waiting for the head's dashboard to answer"
@@ -271,7 +269,6 @@ class KubeRayCluster(RayCluster):
                     alive = self._alive_nodes(head)
                     if alive >= expected:
                         self._connect(head)
-                        self._mark("all ready")
                         return
                     phase = f"{alive} of {expected} Ray nodes alive"
             if time.monotonic() > deadline:
@@ -377,9 +374,6 @@ class KubeRayCluster(RayCluster):
     def _connect(self, url: str) -> None:
         self.address = url
         self.dashboard_url = url
-
-    def _mark(self, phase: str) -> None:
-        self.timeline.setdefault(phase, time.time())
 
 
 def _phase(obj: dict[str, Any], pods: list[dict[str, Any]], expected: int) -> str:
