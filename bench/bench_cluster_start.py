@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> dict:
     import ray
 
     import michelangelo.uniflow.core as uniflow
-    from michelangelo.uniflow.plugins.ray import RayTask, _guard
+    from michelangelo.uniflow.plugins.ray import RayTask
+    from michelangelo.uniflow.plugins.ray._capacity import _train_check
 
     @ray.remote
     def one() -> int:
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> dict:
         body_start = time.perf_counter()
         assert ray.get(one.remote()) == 1
         ready = time.perf_counter()
-        cluster = _guard._CLUSTER.get()
+        cluster = _train_check._CLUSTER.get()
         return {
             "body_start": body_start,
             "ready": ready,

@@ -33,7 +33,7 @@ PHASES = ("scheduled", "head ready", "ready", "first task", "deleted")
 
 def one_run(api, index: int) -> dict[str, float]:
     from michelangelo.uniflow.plugins.ray import RayTask
-    from michelangelo.uniflow.plugins.ray._jobs import JobsCluster
+    from michelangelo.uniflow.plugins.ray._remote._jobs import JobsCluster
     from michelangelo.uniflow.plugins.ray.kuberay._provisioner import KubeRayCluster
 
     task = RayTask(head_cpu=1, head_memory="1Gi", worker_cpu=1, worker_memory="1Gi",

@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
     from ray.job_submission import JobSubmissionClient
 
     from michelangelo.uniflow.plugins.ray import LocalRayCluster
-    from michelangelo.uniflow.plugins.ray._working_dir import pack_project, project_root
+    from michelangelo.uniflow.plugins.ray._remote._working_dir import pack_project, project_root
 
     # Jobs run `python`: this virtualenv's, as the Python of a Ray image would be.
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]

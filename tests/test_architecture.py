@@ -229,13 +229,13 @@ BENCH_INTERNALS = {
     "bench/bench_dataset.py: michelangelo.workflow.variables._dataset_io",
     "bench/bench_dataset.py: michelangelo.workflow.variables._dataset_io.DatasetIO",
     # One KubeRay cluster's phases and one Jobs submission, without a workflow run around them.
-    "bench/bench_kuberay.py: michelangelo.uniflow.plugins.ray._jobs.JobsCluster",
+    "bench/bench_kuberay.py: michelangelo.uniflow.plugins.ray._remote._jobs.JobsCluster",
     "bench/bench_kuberay.py: michelangelo.uniflow.plugins.ray.kuberay._provisioner.KubeRayCluster",
     # The cluster a task runs on, read inside the task to time its start.
-    "bench/bench_cluster_start.py: michelangelo.uniflow.plugins.ray._guard",
+    "bench/bench_cluster_start.py: michelangelo.uniflow.plugins.ray._capacity._train_check",
     # Packing the project for a remote run, timed apart from the submission.
-    "bench/bench_remote.py: michelangelo.uniflow.plugins.ray._working_dir.pack_project",
-    "bench/bench_remote.py: michelangelo.uniflow.plugins.ray._working_dir.project_root",
+    "bench/bench_remote.py: michelangelo.uniflow.plugins.ray._remote._working_dir.pack_project",
+    "bench/bench_remote.py: michelangelo.uniflow.plugins.ray._remote._working_dir.project_root",
     # Serving's own HTTP client and app, for a Serve instance outside a run.
     "bench/bench_serving.py: michelangelo.lib.serving._client.post_json",
     "bench/bench_serving_rollout.py: michelangelo.lib.serving._app.build_app",

@@ -87,4 +87,16 @@ def _summary(rows: int | None) -> str:
     return f"dataset, {rows} rows"
 
 
-register_io(DatasetIO())
+_registered: list[DatasetIO] = []
+
+
+def register_dataset_io() -> DatasetIO:
+    """Make uniflow store Ray Datasets, DataFrames and ``DatasetVariable`` results as Parquet.
+
+    Registers :class:`DatasetIO` with uniflow's IO registry once; later calls return the same
+    instance. This package calls it on import, and so does the Ray plugin, whose tasks return
+    Ray Datasets.
+    """
+    if not _registered:
+        _registered.append(register_io(DatasetIO()))
+    return _registered[0]

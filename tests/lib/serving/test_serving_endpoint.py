@@ -22,7 +22,8 @@ from click.testing import CliRunner
 
 from michelangelo.lib import serving
 from michelangelo.lib.model_registry import ModelRegistry
-from michelangelo.uniflow.plugins.ray import RayTask, _standing
+from michelangelo.uniflow.plugins.ray import RayTask
+from michelangelo.uniflow.plugins.ray import standing as standing_cluster
 from michelangelo.uniflow.plugins.ray.provisioning import free_port
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -42,7 +43,7 @@ def env(tmp_path_factory):
              "drifting": serving_models.register_drifting(registry),
              "rows3": serving_models.register_row_linear(registry, seed=3),
              "brittle": serving_models.register_brittle(registry)}
-    standing = _standing.up(RayTask(head_cpu=3, head_memory="3Gi"))
+    standing = standing_cluster.up(RayTask(head_cpu=3, head_memory="3Gi"))
     port = free_port()
     try:
         busy_error = _deploy_on_a_held_port(registry, specs["rows1"])
@@ -55,7 +56,7 @@ def env(tmp_path_factory):
         import ray
 
         ray.shutdown()
-        _standing.down()
+        standing_cluster.down()
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -687,9 +688,9 @@ def test_cluster_down_leaves_no_process(env):
 
     ray.shutdown()
     standing = env["standing"]
-    assert _standing.find() == standing
-    _standing.down()
-    assert _standing.find() is None and not os.path.exists(_standing.state_file())
+    assert standing_cluster.find() == standing
+    standing_cluster.down()
+    assert standing_cluster.find() is None and not os.path.exists(standing_cluster.state_file())
     left = [p.pid for p in psutil.process_iter()
             if _sid(p.pid) in set(standing.node_pids)]
     assert left == []

@@ -6,9 +6,6 @@ join the provisioner registries through the ``michelangelo.uniflow.plugins.ray``
 group; this package never imports them.
 """
 
-# Ray Datasets returned by RayTasks are stored by the dataset IO that lives beside
-# DatasetVariable; importing the package registers it.
-import michelangelo.workflow.variables  # noqa: F401  (registration)
 from michelangelo.uniflow.plugins.ray import _plugin  # noqa: F401  (registration)
 from michelangelo.uniflow.plugins.ray._capacity import (
     CapacityError,
@@ -18,14 +15,13 @@ from michelangelo.uniflow.plugins.ray._capacity import (
     current_ray_task,
     current_shape,
 )
-from michelangelo.uniflow.plugins.ray._config import RayTask
-from michelangelo.uniflow.plugins.ray._local import LocalRayCluster
-from michelangelo.uniflow.plugins.ray._provisioners import (
+from michelangelo.uniflow.plugins.ray._clusters import (
+    LocalRayCluster,
     load_extensions,
     register_provisioner,
     register_run_provisioner,
 )
-from michelangelo.uniflow.plugins.ray._run_config import create_run_config
+from michelangelo.uniflow.plugins.ray._task import RayTask, create_run_config
 
 __all__ = [
     "CapacityError",

@@ -19,17 +19,23 @@ from michelangelo.uniflow.core.plugin import (
     current_call,
     register_plugin,
 )
-from michelangelo.uniflow.plugins.ray import _failure, _guard, _remote_run
+from michelangelo.uniflow.plugins.ray import _failure
 from michelangelo.uniflow.plugins.ray._capacity import (
     ClusterShape,
+    Ledger,
+    active_cluster,
     active_ray_task,
+    install_capacity_check,
     unplaced_node,
 )
-from michelangelo.uniflow.plugins.ray._cluster import RayCluster
-from michelangelo.uniflow.plugins.ray._config import RayTask
-from michelangelo.uniflow.plugins.ray._holding import record_holding
-from michelangelo.uniflow.plugins.ray._ledger import Ledger
-from michelangelo.uniflow.plugins.ray._provisioners import make_cluster
+from michelangelo.uniflow.plugins.ray._clusters import RayCluster, make_cluster
+from michelangelo.uniflow.plugins.ray._remote import (
+    plan_remote_concurrency,
+    remote_attempt,
+    submit_remote,
+)
+from michelangelo.uniflow.plugins.ray._task import RayTask, record_holding
+from michelangelo.workflow.variables import register_dataset_io
 
 _KEY = "ray.cluster"
 _USERS = "ray.cluster.users"  # attempts running on the cluster now
@@ -55,7 +61,7 @@ class RayTaskPlugin(TaskPlugin):
     @contextlib.contextmanager
     def execution(self, config: RayTask, run: Run) -> Iterator[None]:
         if self.runs_elsewhere(config, run):
-            with _remote_run.attempt(config, run):  # cluster, versions, capacity: then jobs
+            with remote_attempt(config, run):  # cluster, versions, capacity: then jobs
                 yield
             return
         asked = time.time()
@@ -67,7 +73,7 @@ class RayTaskPlugin(TaskPlugin):
         try:
             with (
                 active_ray_task(config),
-                _guard.active_cluster(cluster, ledger, run.info),
+                active_cluster(cluster, ledger, run.info),
                 _quiet_ray_data(run),
                 _forward_data_warnings(run),
             ):
@@ -104,7 +110,7 @@ class RayTaskPlugin(TaskPlugin):
 
     def plan_concurrency(self, configs: list[RayTask], run: Run) -> tuple[int | None, str]:
         if self.runs_elsewhere(configs[0], run):
-            return _remote_run.plan_concurrency(configs, run)
+            return plan_remote_concurrency(configs, run)
         host = next((c for c in configs if all(_holds(c, other) for other in configs)), None)
         if host is None:
             return 1, ("RayTask branches of different shapes, none holding the others: "
@@ -153,7 +159,7 @@ class RayTaskPlugin(TaskPlugin):
         return run.mode == "remote-run"
 
     def run_elsewhere(self, config: RayTask, run: Run, call: RemoteCall) -> None:
-        _remote_run.submit(config, run, call)
+        submit_remote(config, run, call)
 
 
 def _holds(host: RayTask, other: RayTask) -> bool:
@@ -274,4 +280,5 @@ def _forward_data_warnings(run: Run) -> Iterator[None]:
 
 
 register_plugin(RayTask, RayTaskPlugin())
-_guard.install()
+install_capacity_check()
+register_dataset_io()  # RayTasks return Ray Datasets: stored as Parquet, passed as handles

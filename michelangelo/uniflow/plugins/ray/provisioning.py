@@ -20,16 +20,16 @@ Typical use::
 """
 
 from michelangelo.quantity import format_bytes, parse_quantity
-from michelangelo.uniflow.plugins.ray._cluster import ClusterState, RayCluster
-from michelangelo.uniflow.plugins.ray._config import RayTask
-from michelangelo.uniflow.plugins.ray._node_resources import NodeResources, node_resources
-from michelangelo.uniflow.plugins.ray._ports import free_port
-from michelangelo.uniflow.plugins.ray._provisioners import (
+from michelangelo.uniflow.plugins.ray._clusters import (
     ENTRY_POINT_GROUP,
+    ClusterState,
+    RayCluster,
     RunClusters,
+    free_port,
     register_provisioner,
     register_run_provisioner,
 )
+from michelangelo.uniflow.plugins.ray._task import NodeResources, RayTask, node_resources
 
 __all__ = [
     "ENTRY_POINT_GROUP",

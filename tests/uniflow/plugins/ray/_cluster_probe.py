@@ -9,9 +9,9 @@ import psutil
 
 def cluster_sessions() -> list[int]:
     """Session ids of the `ray start` processes of the cluster the running task uses."""
-    from michelangelo.uniflow.plugins.ray import _guard
+    from michelangelo.uniflow.plugins.ray._capacity import _train_check
 
-    cluster = _guard._CLUSTER.get()
+    cluster = _train_check._CLUSTER.get()
     cluster.wait_for_nodes(300)  # worker nodes join in the background
     return cluster.node_pids
 

@@ -66,7 +66,7 @@ def test_capacity_error_is_a_value_error_that_pickles():
 def test_existing_cluster_placement_is_exact_not_first_fit():
     # A first fit puts the small head on the first 2-CPU node and then has no room for the
     # second worker; the live cluster (head listed last) holds the RayTask exactly.
-    from michelangelo.uniflow.plugins.ray._capacity import (
+    from michelangelo.uniflow.plugins.ray._capacity._shapes import (
         ClusterShape,
         NodeShape,
         check_holds,

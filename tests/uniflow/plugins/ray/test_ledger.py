@@ -7,8 +7,8 @@ import threading
 import pytest
 
 from michelangelo.uniflow.core._timeout import interrupt_thread
-from michelangelo.uniflow.plugins.ray._capacity import ClusterShape, NodeShape
-from michelangelo.uniflow.plugins.ray._ledger import Ledger
+from michelangelo.uniflow.plugins.ray._capacity._bookings import Ledger
+from michelangelo.uniflow.plugins.ray._capacity._shapes import ClusterShape, NodeShape
 
 GIB = 1024.0 ** 3
 

@@ -13,7 +13,7 @@ import sys
 import psutil
 import pytest
 
-from michelangelo.uniflow.plugins.ray._reaper import adopting_orphans, is_subreaper
+from michelangelo.uniflow.plugins.ray._clusters._reaper import adopting_orphans, is_subreaper
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="child subreapers are a Linux feature")

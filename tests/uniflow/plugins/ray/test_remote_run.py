@@ -19,7 +19,7 @@ from ray.job_submission import JobSubmissionClient
 from michelangelo.uniflow.core._records import RunStore, TaskState
 from michelangelo.uniflow.core._storage import Storage
 from michelangelo.uniflow.core.errors import UserError
-from michelangelo.uniflow.plugins.ray._jobs import compare_versions
+from michelangelo.uniflow.plugins.ray._remote._jobs import compare_versions
 from michelangelo.uniflow.plugins.ray.provisioning import free_port
 
 from . import _remote_cluster

@@ -7,7 +7,7 @@ import zipfile
 
 import pytest
 
-from michelangelo.uniflow.plugins.ray._working_dir import (
+from michelangelo.uniflow.plugins.ray._remote._working_dir import (
     WorkingDirTooLargeError,
     list_files,
     pack_project,

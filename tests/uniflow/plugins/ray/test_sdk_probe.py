@@ -13,7 +13,7 @@ import sysconfig
 import pytest
 
 from michelangelo.uniflow.core.errors import UserError
-from michelangelo.uniflow.plugins.ray._sdk_probe import (
+from michelangelo.uniflow.plugins.ray._remote._sdk_probe import (
     client_version,
     needs_shipping,
     parse_probe,

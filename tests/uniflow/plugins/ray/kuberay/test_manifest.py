@@ -10,7 +10,7 @@ import pytest
 import ray
 
 from michelangelo.uniflow.plugins.ray import RayTask
-from michelangelo.uniflow.plugins.ray._local import node_arguments
+from michelangelo.uniflow.plugins.ray._clusters._local import node_arguments
 from michelangelo.uniflow.plugins.ray.kuberay import ray_cluster_manifest
 from michelangelo.uniflow.plugins.ray.kuberay._manifest import HEAD_PORTS
 from tests.uniflow.plugins.ray.kuberay._crd_schema import problems

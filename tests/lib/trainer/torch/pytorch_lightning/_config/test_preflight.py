@@ -23,7 +23,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._config._preflight import 
 )
 from michelangelo.lib.trainer.torch.pytorch_lightning._strategies._registry import choose_strategy
 from michelangelo.uniflow.plugins.ray import RayTask
-from michelangelo.uniflow.plugins.ray._capacity import active_ray_task
+from michelangelo.uniflow.plugins.ray._capacity._shapes import active_ray_task
 
 RAY_NUM_CPUS = 2
 

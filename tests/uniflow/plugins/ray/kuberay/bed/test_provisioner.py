@@ -278,7 +278,7 @@ def test_token_auth_end_to_end_without_the_token_ever_shown(api, kube_cluster, c
     import urllib.error
     import urllib.request
 
-    from michelangelo.uniflow.plugins.ray._jobs import JobsCluster
+    from michelangelo.uniflow.plugins.ray._remote._jobs import JobsCluster
 
     _, kubelet = kube_cluster
     task = RayTask(head_cpu=1, head_memory="1Gi", worker_cpu=1, worker_memory="1Gi",

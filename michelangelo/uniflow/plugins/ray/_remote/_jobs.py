@@ -17,7 +17,7 @@ from typing import Any
 
 from michelangelo.uniflow.core.errors import ClusterError, TaskTimeoutError, UserError
 from michelangelo.uniflow.plugins.ray._capacity import ClusterShape, NodeShape, check_holds
-from michelangelo.uniflow.plugins.ray._config import RayTask
+from michelangelo.uniflow.plugins.ray._task import RayTask
 
 _TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 _POLL_START_S = 0.05

@@ -1,6 +1,6 @@
 """The entrypoint of a remote-run Ray job: run one stored task attempt on the cluster.
 
-``python -m michelangelo.uniflow.plugins.ray._remote_entry --storage-url URL --call PATH
+``python -m michelangelo.uniflow.plugins.ray._remote._entry --storage-url URL --call PATH
 --source FILE`` runs in the job's working_dir (the project folder). It connects to the
 cluster the job runs on, marks the RayTask's shape active (so Ray Train requests are
 checked against it, as in a local run), runs the body through uniflow's
@@ -33,10 +33,9 @@ def _register_by_value(module: Any, from_file: bool) -> None:
 def _on_cluster(config: Any) -> Iterator[None]:
     import ray
 
-    from michelangelo.uniflow.plugins.ray import _guard
-    from michelangelo.uniflow.plugins.ray._capacity import active_ray_task
+    from michelangelo.uniflow.plugins.ray._capacity import active_ray_task, install_capacity_check
 
-    _guard.install()
+    install_capacity_check()
     # The job's runtime_env (working_dir, env_vars) already applies to this driver.
     ray.init(logging_level="WARNING")
     try:

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 
 from michelangelo.uniflow.core.plugin import wait_awake
-from michelangelo.uniflow.plugins.ray._capacity import (
+from michelangelo.uniflow.plugins.ray._capacity._shapes import (
     ClusterShape,
     NodeShape,
     _describe_request,

@@ -6,7 +6,7 @@ Ray and Python versions are compared, and the project folder is zipped. Per RayT
 once: the shape is checked against the cluster's live nodes. Per cluster, once, before its
 first task job: a probe job finds whether the jobs' python has this SDK (``_sdk_probe``);
 when only the SDK is missing, every job carries this client's copy of it. Per attempt: a job whose
-entrypoint (``_remote_entry``) runs the body from the call description uniflow stored.
+entrypoint (``_entry``) runs the body from the call description uniflow stored.
 """
 
 from __future__ import annotations
@@ -33,18 +33,21 @@ from michelangelo.uniflow.core.plugin import (
     register_run_option,
 )
 from michelangelo.uniflow.plugins.ray._capacity import ClusterShape
-from michelangelo.uniflow.plugins.ray._config import RayTask
-from michelangelo.uniflow.plugins.ray._holding import record_holding
-from michelangelo.uniflow.plugins.ray._jobs import JobFailedError, JobsCluster
-from michelangelo.uniflow.plugins.ray._provisioners import run_clusters_for
-from michelangelo.uniflow.plugins.ray._sdk_probe import (
+from michelangelo.uniflow.plugins.ray._clusters import run_clusters_for
+from michelangelo.uniflow.plugins.ray._remote._jobs import JobFailedError, JobsCluster
+from michelangelo.uniflow.plugins.ray._remote._sdk_probe import (
     client_package_dir,
     client_version,
     needs_shipping,
     parse_probe,
     probe_entrypoint,
 )
-from michelangelo.uniflow.plugins.ray._working_dir import PackedProject, pack_project, project_root
+from michelangelo.uniflow.plugins.ray._remote._working_dir import (
+    PackedProject,
+    pack_project,
+    project_root,
+)
+from michelangelo.uniflow.plugins.ray._task import RayTask, record_holding
 
 OPTION = "ray_address"
 ENV_JOB_PYTHON = "UF_RAY_JOB_PYTHON"
@@ -296,7 +299,7 @@ def submit(config: RayTask, run: Run, call: RemoteCall) -> None:
                                **runtime_env.get("env_vars", {})}
     entrypoint = " ".join([
         os.environ.get(ENV_JOB_PYTHON, "python"), "-m",
-        "michelangelo.uniflow.plugins.ray._remote_entry",
+        "michelangelo.uniflow.plugins.ray._remote._entry",
         "--storage-url", shlex.quote(call.storage_url),
         "--call", shlex.quote(call.spec_path),
         "--source", shlex.quote(source.replace(os.sep, "/")),

@@ -18,7 +18,7 @@ from michelangelo.errors import InternalError
 
 if TYPE_CHECKING:
     from michelangelo.uniflow.plugins.ray._capacity import ClusterShape
-    from michelangelo.uniflow.plugins.ray._config import RayTask
+    from michelangelo.uniflow.plugins.ray._task import RayTask
 
 
 class ClusterState(str, enum.Enum):

@@ -16,17 +16,16 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from michelangelo.uniflow.core import current_call
-from michelangelo.uniflow.plugins.ray._capacity import (
+from michelangelo.uniflow.plugins.ray._capacity._bookings import Ledger
+from michelangelo.uniflow.plugins.ray._capacity._shapes import (
     check_fits,
     current_shape,
     free_now,
     wait_until_free,
     worker_request,
 )
-from michelangelo.uniflow.plugins.ray._cluster import RayCluster
-from michelangelo.uniflow.plugins.ray._ledger import Ledger
 
-_CLUSTER: contextvars.ContextVar[RayCluster | None] = contextvars.ContextVar(
+_CLUSTER: contextvars.ContextVar[Any] = contextvars.ContextVar(
     "michelangelo_ray_cluster", default=None
 )
 # The bookings of the branches sharing the active cluster, and where to say that one waits.
@@ -44,7 +43,7 @@ def resource_wait_s() -> float:
 
 
 @contextlib.contextmanager
-def active_cluster(cluster: RayCluster, ledger: Ledger | None = None,
+def active_cluster(cluster: Any, ledger: Ledger | None = None,
                    announce: Callable[[str], None] | None = None) -> Iterator[None]:
     token = _CLUSTER.set(cluster)
     booked = _LEDGER.set((ledger, announce or (lambda _: None)) if ledger else None)

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 
 from michelangelo.errors import InputError
-from michelangelo.uniflow.plugins.ray._config import RayTask
+from michelangelo.uniflow.plugins.ray._task._ray_task import RayTask
 
 DEFAULT_OBJECT_STORE = {"head": 512 * 2**20, "worker": 256 * 2**20}
 MIN_OBJECT_STORE = 75 * 2**20

@@ -20,8 +20,8 @@ from typing import Any, Protocol
 
 from michelangelo.uniflow.core.errors import UserError
 from michelangelo.uniflow.core.plugin import Run
-from michelangelo.uniflow.plugins.ray._cluster import RayCluster
-from michelangelo.uniflow.plugins.ray._config import RayTask
+from michelangelo.uniflow.plugins.ray._clusters._cluster import RayCluster
+from michelangelo.uniflow.plugins.ray._task import RayTask
 
 Provisioner = Callable[[RayTask, str], RayCluster]
 _PROVISIONERS: dict[str, Provisioner] = {}
@@ -36,16 +36,16 @@ def make_cluster(task: RayTask, run_dir: str) -> RayCluster:
     log_dir = posixpath.join(run_dir, "ray-cluster")
     address = os.environ.get("RAY_ADDRESS")
     if address:
-        from michelangelo.uniflow.plugins.ray._existing import ExistingRayCluster
+        from michelangelo.uniflow.plugins.ray._clusters._existing import ExistingRayCluster
 
         return ExistingRayCluster(task, address)
     if "UF_RAY_PROVISIONER" not in os.environ:
         # A standing cluster (`michelangelo cluster up`) is borrowed like RAY_ADDRESS.
-        from michelangelo.uniflow.plugins.ray import _standing
+        from michelangelo.uniflow.plugins.ray._clusters import _standing
 
         standing = _standing.find()
         if standing is not None:
-            from michelangelo.uniflow.plugins.ray._existing import ExistingRayCluster
+            from michelangelo.uniflow.plugins.ray._clusters._existing import ExistingRayCluster
 
             _standing.use_auth_of(standing)
             return ExistingRayCluster(task, standing.address)
@@ -59,7 +59,7 @@ def make_cluster(task: RayTask, run_dir: str) -> RayCluster:
 
 
 def _local(task: RayTask, log_dir: str) -> RayCluster:
-    from michelangelo.uniflow.plugins.ray._local import LocalRayCluster
+    from michelangelo.uniflow.plugins.ray._clusters._local import LocalRayCluster
 
     return LocalRayCluster(task, log_dir)
 

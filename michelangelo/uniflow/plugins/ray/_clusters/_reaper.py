@@ -1,11 +1,11 @@
 """Adopt the orphans of a local cluster's teardown, so that this process reaps them itself.
 
 When a node is killed, its processes lose their parent and Linux hands them to the nearest
-ancestor that is a "child subreaper", or else to PID 1. PID 1 reaps them on its own schedule:
-on the firecracker machines this project runs on, 0.1 to 1.1 s later, and until then each is
-a defunct entry in ``ps``. Teardown waits until every killed process is reaped, so that no
-Ray process is left, not even a defunct one; with this process as their subreaper it reaps
-them as soon as they exit instead of waiting for PID 1.
+ancestor that is a "child subreaper", or else to PID 1. PID 1 (an init system, a container's
+entry point) reaps them when it gets to it, which can take a second or more, and until then
+each is a defunct entry in ``ps``. Teardown waits until every killed process is reaped, so
+that no Ray process is left, not even a defunct one; with this process as their subreaper it
+reaps them as soon as they exit instead of waiting for PID 1.
 
 Only for the length of the teardown: afterwards the flag is back to what it was, and a process
 orphaned later goes to PID 1 as before. Elsewhere than Linux this does nothing.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from michelangelo.uniflow.core import record_phases, record_resources
 from michelangelo.uniflow.plugins.ray._capacity import ClusterShape
-from michelangelo.uniflow.plugins.ray._config import RayTask
+from michelangelo.uniflow.plugins.ray._task._ray_task import RayTask
 
 
 def record_holding(config: RayTask, source: str, phase: str, seconds: float) -> None:

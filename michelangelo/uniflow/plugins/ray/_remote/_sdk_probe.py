@@ -1,6 +1,6 @@
 """Is this SDK on the cluster? Checked once per cluster, before any task's job is submitted.
 
-Every remote job starts ``python -m michelangelo.uniflow.plugins.ray._remote_entry`` with the
+Every remote job starts ``python -m michelangelo.uniflow.plugins.ray._remote._entry`` with the
 cluster's ``python``; on a stock ``rayproject/ray`` image, or a ``ray start`` run from a
 virtualenv that was not activated, that module is missing and the job would die after
 submission. A short probe job reports which ``michelangelo`` (if any) the job's ``python``

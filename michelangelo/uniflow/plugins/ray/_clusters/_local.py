@@ -22,11 +22,10 @@ from collections.abc import Callable
 from typing import Any
 
 from michelangelo.uniflow.core.errors import ClusterError
-from michelangelo.uniflow.plugins.ray._cluster import ClusterState, RayCluster
-from michelangelo.uniflow.plugins.ray._config import RayTask
-from michelangelo.uniflow.plugins.ray._node_resources import node_resources
-from michelangelo.uniflow.plugins.ray._ports import free_port
-from michelangelo.uniflow.plugins.ray._reaper import adopting_orphans
+from michelangelo.uniflow.plugins.ray._clusters._cluster import ClusterState, RayCluster
+from michelangelo.uniflow.plugins.ray._clusters._ports import free_port
+from michelangelo.uniflow.plugins.ray._clusters._reaper import adopting_orphans
+from michelangelo.uniflow.plugins.ray._task import RayTask, node_resources
 
 _HEAD_START_TIMEOUT_S = 120.0
 _NODE_START_TRIES = 3  # starts per node when Ray's registration time runs out

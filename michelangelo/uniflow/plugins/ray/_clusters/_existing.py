@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from michelangelo.uniflow.plugins.ray._capacity import ClusterShape, check_holds
-from michelangelo.uniflow.plugins.ray._cluster import ClusterState, RayCluster
-from michelangelo.uniflow.plugins.ray._config import RayTask
+from michelangelo.uniflow.plugins.ray._clusters._cluster import ClusterState, RayCluster
+from michelangelo.uniflow.plugins.ray._task import RayTask
 
 
 class ExistingRayCluster(RayCluster):

@@ -18,7 +18,7 @@ import signal
 import time
 from typing import Any
 
-from michelangelo.uniflow.plugins.ray._config import RayTask
+from michelangelo.uniflow.plugins.ray._task import RayTask
 
 STATE_ENV = "MA_CLUSTER_FILE"
 _STOP_GRACE_S = 10.0
@@ -109,7 +109,7 @@ def up(task: RayTask, log_dir: str | None = None, node_wait_s: float = 180.0) ->
     import ray
 
     from michelangelo.uniflow.core.errors import ClusterError
-    from michelangelo.uniflow.plugins.ray._local import LocalRayCluster
+    from michelangelo.uniflow.plugins.ray._clusters._local import LocalRayCluster
 
     existing = find()
     if existing is not None:
@@ -149,7 +149,7 @@ def down() -> StandingCluster | None:
     """Stop the recorded cluster's processes (and only those); return what was stopped."""
     import shutil
 
-    from michelangelo.uniflow.plugins.ray._local import _kill_sessions
+    from michelangelo.uniflow.plugins.ray._clusters._local import _kill_sessions
 
     cluster = read()
     if cluster is None:
