@@ -16,6 +16,7 @@ from michelangelo.lazy import lazy_exports
 from michelangelo.lib.trainer.torch.pytorch_lightning._strategies._registry import (
     StrategyChoice,
     choose_strategy,
+    register_strategy,
     strategy_names,
 )
 
@@ -29,23 +30,18 @@ if TYPE_CHECKING:
         ray_lightning,
     )
 
-# Loaded on first use: both modules import Lightning and Ray Train.
-_LAZY = {
-    "RayLightning": "_ray_lightning",
-    "RayModelParallelStrategy": "_fsdp2",
-    "ray_lightning": "_ray_lightning",
-    "validate_fsdp2_kwargs": "_fsdp2",
-}
-
-
-__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
-
 __all__ = [
     "RayLightning",
     "RayModelParallelStrategy",
     "StrategyChoice",
     "choose_strategy",
     "ray_lightning",
+    "register_strategy",
     "strategy_names",
     "validate_fsdp2_kwargs",
 ]
+
+# Loaded on first use: both modules import Lightning and Ray Train.
+_LAZY = {name: "_fsdp2" for name in ("RayModelParallelStrategy", "validate_fsdp2_kwargs")} | {
+    name: "_ray_lightning" for name in ("RayLightning", "ray_lightning")}
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
