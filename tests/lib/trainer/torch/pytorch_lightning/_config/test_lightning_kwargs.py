@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from _models import create_tiny_model, make_regression_datasets
+from _models import create_tiny_model
 from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
 from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.profilers import SimpleProfiler
@@ -16,11 +16,6 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._config._lightning_kwargs 
 )
 
 RAY_NUM_CPUS = 1
-
-
-@pytest.fixture(scope="module")
-def data(ray_cluster):
-    return make_regression_datasets(16, 8)
 
 
 def resolve(data, lightning_trainer_kwargs=None, **kwargs):

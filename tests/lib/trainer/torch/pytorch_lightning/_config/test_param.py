@@ -6,7 +6,7 @@ import dataclasses
 import warnings
 
 import pytest
-from _models import create_tiny_model, make_regression_datasets
+from _models import create_tiny_model
 
 from michelangelo.lib.trainer.torch.pytorch_lightning import (
     IncrementalTrainingSpec,
@@ -15,11 +15,6 @@ from michelangelo.lib.trainer.torch.pytorch_lightning import (
 )
 
 RAY_NUM_CPUS = 1
-
-
-@pytest.fixture(scope="module")
-def data(ray_cluster):
-    return make_regression_datasets(16, 8)
 
 
 def make(data, **kwargs):

@@ -7,7 +7,7 @@ import warnings
 import pytest
 import pytorch_lightning as pl
 import torch
-from _models import create_tiny_model, make_regression_datasets
+from _models import create_tiny_model
 from ray.train import RunConfig, ScalingConfig
 
 from michelangelo.lib.trainer.torch.pytorch_lightning import (
@@ -26,11 +26,6 @@ from michelangelo.uniflow.plugins.ray import RayTask
 from michelangelo.uniflow.plugins.ray._capacity._shapes import active_ray_task
 
 RAY_NUM_CPUS = 2
-
-
-@pytest.fixture(scope="module")
-def data(ray_cluster):
-    return make_regression_datasets(16, 8)
 
 
 def tiny_params(hidden_dim):

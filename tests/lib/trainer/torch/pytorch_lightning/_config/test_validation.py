@@ -14,7 +14,6 @@ import torch
 from _models import (
     create_probe_model,
     create_tiny_model,
-    make_regression_datasets,
     ship_by_value,
 )
 from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
@@ -31,11 +30,6 @@ ship_by_value(__name__)
 
 
 RAY_NUM_CPUS = 2
-
-
-@pytest.fixture(scope="module")
-def data(ray_cluster):
-    return make_regression_datasets(16, 8)
 
 
 class LockedObserver:

@@ -14,7 +14,6 @@ from _models import (
     TinyRegressor,
     create_seeded_model,
     create_tiny_model,
-    make_regression_datasets,
     regression_loader,
     regression_rows,
     ship_by_value,
@@ -42,13 +41,6 @@ ship_by_value(__name__)
 
 
 RAY_NUM_CPUS = 3
-
-
-@pytest.fixture
-def data(ray_cluster, monkeypatch):
-    # Warm starts do not depend on how batches reach the workers; pin the streaming path.
-    monkeypatch.setenv("MA_TRAINER_INMEMORY", "0")
-    return make_regression_datasets(64, 16)
 
 
 def _spec(revision: int | str | None = 1, **kwargs) -> IncrementalTrainingSpec:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _models import create_tiny_model, make_regression_datasets, ship_by_value
+from _models import create_tiny_model, ship_by_value
 from ray.train import RunConfig, ScalingConfig
 
 from michelangelo.lib.model_registry import ModelRegistry, RevisionNotFoundError
@@ -31,13 +31,6 @@ ship_by_value(__name__)
 
 
 RAY_NUM_CPUS = 3
-
-
-@pytest.fixture
-def data(ray_cluster, monkeypatch):
-    # Warm starts do not depend on how batches reach the workers; pin the streaming path.
-    monkeypatch.setenv("MA_TRAINER_INMEMORY", "0")
-    return make_regression_datasets(64, 16)
 
 
 def _spec(baseline: str | None = "p/base", **kwargs) -> TransferLearningSpec:

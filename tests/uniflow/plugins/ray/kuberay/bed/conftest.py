@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from michelangelo.uniflow.plugins.ray.kuberay._kube import KubeApi, KubeTarget
 from tools.kuberay_bed import NODES, ControlPlane, KubeletDouble, build, build_operator
 
 
@@ -35,3 +36,10 @@ def kube_cluster(control_plane):
 def _kubeconfig(control_plane, monkeypatch):
     """Each test (and what it starts in-process) reaches the plane through KUBECONFIG."""
     monkeypatch.setenv("KUBECONFIG", str(control_plane.kubeconfig))
+
+
+@pytest.fixture(scope="module")
+def api(kube_cluster):
+    """The SDK's Kubernetes client, pointed at the bed's API server."""
+    plane, _ = kube_cluster
+    return KubeApi(KubeTarget(kubeconfig=str(plane.kubeconfig)))

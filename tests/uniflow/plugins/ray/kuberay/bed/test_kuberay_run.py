@@ -15,19 +15,12 @@ import pytest
 from michelangelo.uniflow.core._records import RunStore, TaskState
 from michelangelo.uniflow.core._storage import Storage
 from michelangelo.uniflow.plugins.ray.kuberay._gc import collect_garbage, managed_clusters
-from michelangelo.uniflow.plugins.ray.kuberay._kube import KubeApi, KubeTarget
 from michelangelo.uniflow.plugins.ray.provisioning import free_port
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), *[".."] * 6))
 WORKFLOWS = os.path.join(REPO, "tests", "uniflow", "plugins", "ray", "_remote_workflows.py")
 BIN = os.path.dirname(sys.executable)
 pytestmark = pytest.mark.timeout(1800)
-
-
-@pytest.fixture(scope="module")
-def api(kube_cluster):
-    plane, _ = kube_cluster
-    return KubeApi(KubeTarget(kubeconfig=str(plane.kubeconfig)))
 
 
 @pytest.fixture(scope="module")

@@ -21,12 +21,6 @@ SMALL = RayTask(head_cpu=1, head_memory="1Gi", worker_cpu=1, worker_memory="1Gi"
                 worker_instances=1)
 
 
-@pytest.fixture(scope="module")
-def api(kube_cluster):
-    plane, _ = kube_cluster
-    return KubeApi(KubeTarget(kubeconfig=str(plane.kubeconfig)))
-
-
 def _cluster(api, task, run_id="20261129-000000-aaaaaa", **settings):
     messages: list[str] = []
     cluster = KubeRayCluster(task, run_id=run_id, task_name="train",

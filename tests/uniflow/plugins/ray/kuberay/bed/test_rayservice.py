@@ -13,19 +13,12 @@ from michelangelo.lib.serving._gateway import serve_config_entry
 from michelangelo.uniflow.core.errors import ClusterError
 from michelangelo.uniflow.plugins.ray import RayTask
 from michelangelo.uniflow.plugins.ray.kuberay import ray_service_manifest
-from michelangelo.uniflow.plugins.ray.kuberay._kube import KubeApi, KubeTarget
 from michelangelo.uniflow.plugins.ray.kuberay._service import (
     apply_ray_service,
     wait_for_service,
 )
 
 HEAD_ONLY = RayTask(head_cpu=1, head_memory="2Gi", worker_instances=0)
-
-
-@pytest.fixture(scope="module")
-def api(kube_cluster):
-    plane, _ = kube_cluster
-    return KubeApi(KubeTarget(kubeconfig=str(plane.kubeconfig)))
 
 
 def _apps(obj):
