@@ -7,6 +7,7 @@ a traceback instead of a worker group.
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any
 
@@ -72,18 +73,37 @@ def check_precision(resolved: ResolvedKwargs, scaling_config: Any) -> None:
 
 
 def check_clipping(resolved: ResolvedKwargs) -> None:
-    """Norm clipping per FSDP shard is wrong; Lightning refuses it mid-run, we refuse it here."""
+    """Norm clipping per FSDP shard is wrong; Lightning refuses it mid-run, we refuse it here.
+
+    Holds for ``strategy="fsdp"`` and for an ``FSDPStrategy`` object of either Lightning
+    package (Lightning's FSDP precision plugin is what refuses it).
+    """
     kwargs = resolved.trainer_kwargs
     if kwargs.get("gradient_clip_val") in (None, 0, 0.0):
         return
     algorithm = kwargs.get("gradient_clip_algorithm") or "norm"
-    if algorithm == "norm" and resolved.strategy.name == "fsdp":
-        raise InputError(
-            f"lightning_trainer_kwargs['gradient_clip_val']={kwargs['gradient_clip_val']!r} "
-            "with gradient_clip_algorithm='norm' is not supported under strategy='fsdp' (each "
-            "shard would clip by its own norm). Fix: set gradient_clip_algorithm='value', clip "
-            "in the LightningModule's configure_gradient_clipping, or use strategy='ddp'."
-        )
+    if algorithm != "norm" or not _is_fsdp1(resolved.strategy):
+        return
+    given = "strategy='fsdp'" if resolved.strategy.instance is None else (
+        f"strategy={type(resolved.strategy.instance).__name__}(...)")
+    raise InputError(
+        f"lightning_trainer_kwargs['gradient_clip_val']={kwargs['gradient_clip_val']!r} "
+        f"with gradient_clip_algorithm='norm' is not supported under {given}: Lightning's "
+        "FSDP precision plugin refuses it at the first optimizer step, because "
+        "torch.nn.utils.clip_grad_norm_ over FSDP shards clips each shard by its own norm "
+        "instead of the model's. Fix: set gradient_clip_algorithm='value', clip in the "
+        "LightningModule's configure_gradient_clipping, or use strategy='ddp'."
+    )
+
+
+def _is_fsdp1(strategy: Any) -> bool:
+    if strategy.instance is None:
+        return strategy.name == "fsdp"
+    bases = tuple(module.FSDPStrategy for module in (
+        sys.modules.get(f"{package}.strategies") for package in ("pytorch_lightning",
+                                                                 "lightning.pytorch"))
+        if module is not None)
+    return isinstance(strategy.instance, bases)
 
 
 def check_val_data(param: LightningTrainerParam, resolved: ResolvedKwargs) -> None:

@@ -17,6 +17,7 @@ from _models import (
     ship_by_value,
 )
 from pytorch_lightning.callbacks import EarlyStopping, ModelCheckpoint
+from pytorch_lightning.strategies import FSDPStrategy
 from ray.train import RunConfig, ScalingConfig
 
 from michelangelo.lib.trainer.torch.pytorch_lightning import (
@@ -146,6 +147,11 @@ CASES = FACTORY_CASES + TRAINER_CASES + [
     pytest.param({"lightning_trainer_kwargs": {"strategy": "fsdp", "gradient_clip_val": 1.0}},
                  ["gradient_clip_val", "fsdp", "gradient_clip_algorithm='value'"],
                  id="norm-clipping-under-fsdp"),
+    pytest.param({"lightning_trainer_kwargs": {"strategy": FSDPStrategy(),
+                                               "gradient_clip_val": 0.5}},
+                 ["gradient_clip_val", "FSDPStrategy(...)", "clips each shard by its own norm",
+                  "gradient_clip_algorithm='value'"],
+                 id="norm-clipping-under-an-fsdp-strategy-object"),
     pytest.param({"lightning_trainer_kwargs": {"strategy": "horovod"}},
                  ["strategy", "horovod", "fsdp2"], id="unknown-strategy"),
     pytest.param({"lightning_trainer_kwargs": {"strategy": "fsdp2",
