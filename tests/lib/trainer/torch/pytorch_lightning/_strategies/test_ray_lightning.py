@@ -103,7 +103,7 @@ def test_a_ray_strategy_built_on_lightning_is_refused_on_the_driver_with_the_fix
     assert done.returncode == 1, done.stderr
     assert "_ray_lightning.RayDDPStrategy" in done.stdout  # the name still resolves there
     error = done.stderr.strip().splitlines()[-1]
-    assert error.startswith("ValueError: lightning_trainer_kwargs['strategy']=")
+    assert error.startswith("michelangelo.errors.InputError: lightning_trainer_kwargs['strategy']=")
     assert "is a lightning.pytorch strategy" in error
     assert "Fix: give the strategy by name" in error
 
