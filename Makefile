@@ -53,6 +53,8 @@ k8s-up: setup k8s
 k8s-down:
 	@$(BIN)/python -m tools.kuberay_bed down
 
+# The tests marked lightning_packages run a second time with the `lightning` package on the
+# path beside the venv's pytorch_lightning (both installed): modules of either package train.
 # The KubeRay tests run in a pytest process of their own: their session keeps a control plane,
 # the operator and the kubelet double running, which no other test should share. The bed's
 # binaries build in the background while the main run goes (a cold build takes many minutes on
@@ -63,6 +65,8 @@ test: setup $(LIGHTNING_SIDE)/.installed
 	bash tools/build_kuberay_bed.sh >build/k8s-build.log 2>&1 & build=$$!; \
 	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider --durations=15 --ignore=tests/uniflow/plugins/ray/kuberay/bed \
 	  || status=$$?; \
+	PYTHONPATH=$(CURDIR)/$(LIGHTNING_SIDE) $(BIN)/python -m pytest -m "lightning_packages and not gpu" -q -p no:cacheprovider \
+	  tests/lib/trainer || status=$$?; \
 	wait $$build || { status=1; tail -n 30 build/k8s-build.log; }; \
 	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider --durations=15 tests/uniflow/plugins/ray/kuberay/bed || status=$$?; \
 	exit $$status

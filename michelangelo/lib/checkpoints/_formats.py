@@ -30,6 +30,7 @@ import contextlib
 import enum
 import os
 import pickle
+import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -215,21 +216,19 @@ def expected_formats(strategy: Any) -> frozenset[CheckpointFormat] | None:
             )
         return frozenset(by_name[name])
 
-    import pytorch_lightning as pl
-
     # Most specific classes first: DeepSpeedStrategy subclasses DDPStrategy.
-    if isinstance(strategy, pl.strategies.DeepSpeedStrategy):
+    if _is_a(strategy, "DeepSpeedStrategy"):
         return frozenset({CheckpointFormat.DEEPSPEED_ZERO})
-    if isinstance(strategy, pl.strategies.ModelParallelStrategy):
+    if _is_a(strategy, "ModelParallelStrategy"):
         if getattr(strategy, "_save_distributed_checkpoint", True):
             return frozenset({CheckpointFormat.FSDP2_DCP})
         return frozenset({CheckpointFormat.FULL_FILE})
-    if isinstance(strategy, pl.strategies.FSDPStrategy):
+    if _is_a(strategy, "FSDPStrategy"):
         sharded = getattr(strategy, "_state_dict_type", "full") == "sharded"
         return frozenset(
             {CheckpointFormat.FSDP_SHARDED if sharded else CheckpointFormat.FULL_FILE}
         )
-    if isinstance(strategy, pl.strategies.DDPStrategy | pl.strategies.SingleDeviceStrategy):
+    if _is_a(strategy, "DDPStrategy") or _is_a(strategy, "SingleDeviceStrategy"):
         return frozenset({CheckpointFormat.FULL_FILE})
     return None
 
@@ -414,3 +413,13 @@ def align_state_dict_keys(
     if not best_prefix:
         return dict(state_dict), ""
     return {key.removeprefix(best_prefix): value for key, value in state_dict.items()}, best_prefix
+
+
+def _is_a(strategy: Any, name: str) -> bool:
+    """Whether ``strategy`` is a Lightning ``strategies.<name>`` of either package that is
+    loaded (a strategy object's own package always is)."""
+    for package in ("pytorch_lightning", "lightning.pytorch"):
+        module = sys.modules.get(f"{package}.strategies")
+        if module is not None and isinstance(strategy, getattr(module, name)):
+            return True
+    return False

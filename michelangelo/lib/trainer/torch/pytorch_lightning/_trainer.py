@@ -30,6 +30,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._ingest import (
     shuffle_seed,
     split_for_workers,
 )
+from michelangelo.lib.trainer.torch.pytorch_lightning._lightning import package_of
 from michelangelo.lib.trainer.torch.pytorch_lightning._poll_interval import fast_polling
 from michelangelo.lib.trainer.torch.pytorch_lightning._process_group import for_controller
 from michelangelo.lib.trainer.torch.pytorch_lightning._sigint import restored_sigint
@@ -98,9 +99,12 @@ class LightningTrainer(TorchTrainer):
         torch_config = for_controller(torch_config)
         self.trainer_param = trainer_param
         self._own_data_config = dataset_config is not None
-        self._resolved = resolve_lightning_kwargs(trainer_param)
-        check_all(trainer_param, self._resolved, scaling_config)
         models = MetaModels(trainer_param.create_model_fn, trainer_param.create_model_fn_kwargs)
+        # The module decides the Lightning package (its meta build on the driver, else the
+        # factory when it is the class itself); the kwargs' Lightning objects must match it.
+        self._resolved = resolve_lightning_kwargs(
+            trainer_param, package_of(models.raw) or package_of(trainer_param.create_model_fn))
+        check_all(trainer_param, self._resolved, scaling_config)
         self._weights_stage = _plan_initial_weights(trainer_param.initial_weights_path, models)
         self._preflight_model(models, scaling_config)
         self._warm_start = plan_warm_start(trainer_param, self._resolved, models)

@@ -8,7 +8,9 @@ strategy, logger and profiler are resolved to things a worker can build.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import importlib
 import inspect
 import logging
 import warnings
@@ -18,6 +20,7 @@ from typing import Any
 from michelangelo.errors import InputError
 from michelangelo.lib.trainer.torch.pytorch_lightning._config._param import LightningTrainerParam
 from michelangelo.lib.trainer.torch.pytorch_lightning._config._signature_check import check_kwargs
+from michelangelo.lib.trainer.torch.pytorch_lightning._lightning import choose, classes, load
 from michelangelo.lib.trainer.torch.pytorch_lightning._strategies import (
     StrategyChoice,
     choose_strategy,
@@ -63,6 +66,7 @@ class ProfilerChoice:
     kwargs: dict[str, Any] = field(default_factory=dict)
     instance: Any = None
     upload: bool = True
+    package: str = "pytorch_lightning"
 
     def build(self, profiler_dir: str) -> Any:
         """The profiler for this worker, writing into ``profiler_dir``."""
@@ -70,8 +74,7 @@ class ProfilerChoice:
             if getattr(self.instance, "dirpath", None) is None:
                 self.instance.dirpath = profiler_dir
             return self.instance
-        import pytorch_lightning.profilers as profilers
-
+        profilers = importlib.import_module(f"{self.package}.profilers")
         kwargs = {"dirpath": profiler_dir, "filename": "profile", **self.kwargs}
         return getattr(profilers, _PROFILERS[self.name])(**kwargs)
 
@@ -84,37 +87,47 @@ class LoggerChoice:
     kwargs: dict[str, Any] = field(default_factory=dict)
     value: Any = None
     given: bool = False
+    package: str = "pytorch_lightning"
 
     def build(self) -> Any:
-        """The ``logger`` argument for ``pytorch_lightning.Trainer``."""
+        """The ``logger`` argument for the run's ``Trainer``."""
         if self.name is None:
             return self.value
-        import pytorch_lightning.loggers as loggers
-
+        loggers = importlib.import_module(f"{self.package}.loggers")
         return getattr(loggers, _LOGGERS[self.name])(**self.kwargs)
 
 
 @dataclass(frozen=True)
 class ResolvedKwargs:
-    """Everything the worker needs to build its ``pytorch_lightning.Trainer``."""
+    """Everything the worker needs to build its ``Trainer``, and of which package."""
 
     trainer_kwargs: dict[str, Any]
     strategy: StrategyChoice
     logger: LoggerChoice
     profiler: ProfilerChoice | None
+    # The run's Lightning package: the module's ("pytorch_lightning" or "lightning.pytorch").
+    package: str = "pytorch_lightning"
 
     @property
     def accumulate_grad_batches(self) -> int:
         return int(self.trainer_kwargs.get("accumulate_grad_batches", 1))
 
 
-def resolve_lightning_kwargs(param: LightningTrainerParam) -> ResolvedKwargs:
+def resolve_lightning_kwargs(param: LightningTrainerParam,
+                             module_package: str | None = None) -> ResolvedKwargs:
     """Resolve ``param.lightning_trainer_kwargs`` on the driver.
 
+    Args:
+        param: The training run.
+        module_package: The Lightning package of the module ``create_model_fn`` returns, when
+            the driver could build it; the run trains with that package's ``Trainer``.
+
     Raises:
-        ValueError: A key or sibling is invalid; the message names it and the fix.
+        ValueError: A key or sibling is invalid, or the objects mix the two Lightning
+            packages; the message names it and the fix.
     """
-    _check_names(param.lightning_trainer_kwargs)
+    package = choose(module_package, *_lightning_objects(param.lightning_trainer_kwargs))
+    _check_names(param.lightning_trainer_kwargs, package)
     kwargs = dict(param.lightning_trainer_kwargs)
     siblings = {key: kwargs.pop(key, None) for key in SIBLING_KEYS}
     for key, owner in _RAY_OWNED.items():
@@ -126,27 +139,44 @@ def resolve_lightning_kwargs(param: LightningTrainerParam) -> ResolvedKwargs:
     _choose_defaults(kwargs, param)
     _choose_checkpointing(kwargs)
     _choose_plugins(kwargs)
-    strategy = choose_strategy(kwargs.pop("strategy", None), siblings["strategy_kwargs"])
-    logger_choice = _choose_logger(kwargs, siblings["logger_kwargs"])
+    strategy = choose_strategy(kwargs.pop("strategy", None), siblings["strategy_kwargs"],
+                               package)
+    logger_choice = dataclasses.replace(_choose_logger(kwargs, siblings["logger_kwargs"]),
+                                        package=package)
     profiler = _choose_profiler(kwargs, siblings["profiler_kwargs"])
-    return ResolvedKwargs(kwargs, strategy, logger_choice, profiler)
+    if profiler is not None:
+        profiler = dataclasses.replace(profiler, package=package)
+    return ResolvedKwargs(kwargs, strategy, logger_choice, profiler, package)
+
+
+def _lightning_objects(kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
+    """``(label, object)`` for each object in the kwargs that may come from either Lightning
+    package: the callbacks, the logger(s), the strategy, the plugins and the profiler."""
+    found: list[tuple[str, Any]] = []
+    for key in ("callbacks", "logger", "plugins"):
+        value = kwargs.get(key)
+        if isinstance(value, list | tuple):
+            found += [(f"lightning_trainer_kwargs[{key!r}][{i}]", v) for i, v in enumerate(value)]
+        elif value is not None:
+            found.append((f"lightning_trainer_kwargs[{key!r}]", value))
+    for key in ("strategy", "profiler"):
+        if kwargs.get(key) is not None:
+            found.append((f"lightning_trainer_kwargs[{key!r}]", kwargs[key]))
+    return found
 
 
 @functools.cache
-def trainer_parameters() -> dict[str, inspect.Parameter]:
-    """``pytorch_lightning.Trainer.__init__``'s parameters (without ``self``), read once."""
-    import pytorch_lightning as pl
-
+def trainer_parameters(package: str = "pytorch_lightning") -> dict[str, inspect.Parameter]:
+    """``Trainer.__init__``'s parameters (without ``self``) in ``package``, read once."""
+    pl = load(package)
     params = dict(inspect.signature(pl.Trainer.__init__).parameters)
     params.pop("self", None)
     return params
 
 
-def _check_names(kwargs: dict[str, Any]) -> None:
-    import pytorch_lightning as pl
-
-    check_kwargs(pl.Trainer, kwargs, label="lightning_trainer_kwargs",
-                 target="pytorch_lightning.Trainer", extra_names=SIBLING_KEYS)
+def _check_names(kwargs: dict[str, Any], package: str) -> None:
+    check_kwargs(load(package).Trainer, kwargs, label="lightning_trainer_kwargs",
+                 target=f"{package}.Trainer", extra_names=SIBLING_KEYS)
 
 
 def _choose_defaults(kwargs: dict[str, Any], param: LightningTrainerParam) -> None:
@@ -166,10 +196,9 @@ def _choose_defaults(kwargs: dict[str, Any], param: LightningTrainerParam) -> No
 
 
 def has_model_checkpoint(callbacks: Any) -> bool:
-    """Whether ``callbacks`` holds a ``ModelCheckpoint``."""
-    from pytorch_lightning.callbacks import ModelCheckpoint
-
-    return any(isinstance(cb, ModelCheckpoint) for cb in _as_list(callbacks))
+    """Whether ``callbacks`` holds a ``ModelCheckpoint`` (of either Lightning package)."""
+    model_checkpoint = classes("callbacks.ModelCheckpoint")
+    return any(isinstance(cb, model_checkpoint) for cb in _as_list(callbacks))
 
 
 def _as_list(callbacks: Any) -> list[Any]:
@@ -250,12 +279,11 @@ def _choose_profiler(kwargs: dict[str, Any], profiler_kwargs: Any) -> ProfilerCh
                 f"Fix: use one of {sorted(_PROFILERS)} or pass a Profiler instance."
             )
         return ProfilerChoice(name=name, kwargs=extra, upload=upload)
-    from pytorch_lightning.profilers import Profiler
-
-    if not isinstance(value, Profiler):
+    if not isinstance(value, classes("profilers.Profiler")):
         raise InputError(
             f"lightning_trainer_kwargs['profiler']={value!r} must be a name or a "
-            "pytorch_lightning.profilers.Profiler. Fix: e.g. profiler='simple'."
+            "pytorch_lightning.profilers.Profiler (lightning.pytorch.profilers.Profiler in a "
+            "lightning run). Fix: e.g. profiler='simple'."
         )
     if extra:
         raise InputError(

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from michelangelo.errors import InputError
+from michelangelo.lib.trainer.torch.pytorch_lightning._lightning import classes
 
 logger = logging.getLogger(__name__)
 
@@ -73,9 +74,8 @@ def build_meta_model(create_model_fn: Any, kwargs: dict[str, Any], configure: bo
 
     Raises:
         ValueError: The factory raised for another reason, or returned something that is not a
-            ``pytorch_lightning.LightningModule``; the original exception is chained.
+            ``LightningModule`` of either package; the original exception is chained.
     """
-    import pytorch_lightning as pl
     import torch
 
     try:
@@ -94,11 +94,11 @@ def build_meta_model(create_model_fn: Any, kwargs: dict[str, Any], configure: bo
         logger.debug("Memory preflight skipped: create_model_fn cannot build on the meta "
                      "device here (%s: %s)", type(error).__name__, error)
         return None
-    if not isinstance(model, pl.LightningModule):
+    if not isinstance(model, classes("LightningModule")):
         raise InputError(
-            f"create_model_fn returned {type(model).__name__}, not a "
-            "pytorch_lightning.LightningModule. Fix: return a LightningModule (import "
-            "pytorch_lightning, not lightning.pytorch)."
+            f"create_model_fn returned {type(model).__name__}, not a LightningModule. Fix: "
+            "return a pytorch_lightning.LightningModule or a lightning.pytorch.LightningModule "
+            "(import lightning as L; class Model(L.LightningModule))."
         )
     if configure and callable(getattr(model, "configure_model", None)):
         try:

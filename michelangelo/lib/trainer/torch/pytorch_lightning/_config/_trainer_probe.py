@@ -22,6 +22,7 @@ were resolved; this module judges the values, in three steps:
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import re
@@ -73,8 +74,8 @@ def check_trainer_values(param: LightningTrainerParam, resolved: ResolvedKwargs)
     """Raise ValueError naming the first ``lightning_trainer_kwargs`` value Lightning refuses."""
     labels = _labels(param)
     _check_types(resolved, labels)
-    _check_accelerator(resolved.trainer_kwargs.get("accelerator"))
-    _check_loop_bounds(resolved.trainer_kwargs, labels)
+    _check_accelerator(resolved.trainer_kwargs.get("accelerator"), resolved.package)
+    _check_loop_bounds(resolved.trainer_kwargs, labels, resolved.package)
     _probe(resolved, labels)
 
 
@@ -90,14 +91,14 @@ def _label(labels: dict[str, str], key: str) -> str:
     return labels.get(key, f"the trainer's default {key}")
 
 
-def _default_of(key: str) -> Any:
+def _default_of(key: str, package: str = "pytorch_lightning") -> Any:
     if key in TRAINER_DEFAULTS:
         return TRAINER_DEFAULTS[key]
-    return trainer_parameters()[key].default
+    return trainer_parameters(package)[key].default
 
 
 def _check_types(resolved: ResolvedKwargs, labels: dict[str, str]) -> None:
-    params = trainer_parameters()
+    params = trainer_parameters(resolved.package)
     items = [(k, v) for k, v in resolved.trainer_kwargs.items() if k not in _DERIVED]
     if resolved.logger.given and resolved.logger.name is None:
         items.append(("logger", resolved.logger.value))
@@ -107,16 +108,16 @@ def _check_types(resolved: ResolvedKwargs, labels: dict[str, str]) -> None:
             continue
         expected = describe(annotation)
         raise InputError(
-            f"{_label(labels, key)}={value!r} is not accepted by pytorch_lightning.Trainer, "
+            f"{_label(labels, key)}={value!r} is not accepted by {resolved.package}.Trainer, "
             f"which declares {key}: {expected}. Fix: pass a value of that type, or remove the "
-            f"key to use the default {_default_of(key)!r}."
+            f"key to use the default {_default_of(key, resolved.package)!r}."
         )
 
 
-def _check_accelerator(accelerator: Any) -> None:
+def _check_accelerator(accelerator: Any, package: str) -> None:
     if not isinstance(accelerator, str):
         return  # an Accelerator instance (types were checked) or not given
-    from pytorch_lightning.accelerators import AcceleratorRegistry
+    AcceleratorRegistry = importlib.import_module(f"{package}.accelerators").AcceleratorRegistry  # noqa: N806
 
     names = sorted({*AcceleratorRegistry.available_accelerators(), "auto", "gpu"})
     if accelerator not in names:
@@ -129,7 +130,7 @@ def _check_accelerator(accelerator: Any) -> None:
         )
 
 
-def _check_loop_bounds(kwargs: dict[str, Any], labels: dict[str, str]) -> None:
+def _check_loop_bounds(kwargs: dict[str, Any], labels: dict[str, str], package: str) -> None:
     for key, (minimum, why) in _LOOP_BOUNDS.items():
         value = kwargs.get(key)
         if value is None or isinstance(value, bool) or not isinstance(value, int):
@@ -137,9 +138,9 @@ def _check_loop_bounds(kwargs: dict[str, Any], labels: dict[str, str]) -> None:
         if value < minimum:
             raise InputError(
                 f"{_label(labels, key)}={value!r} must be an int >= {minimum} ({why}). "
-                "pytorch_lightning.Trainer accepts it at construction and fails or misbehaves "
+                f"{package}.Trainer accepts it at construction and fails or misbehaves "
                 f"only once training runs. Fix: pass an int >= {minimum}, or remove the key to "
-                f"use the default {_default_of(key)!r}."
+                f"use the default {_default_of(key, package)!r}."
             )
 
 
@@ -160,12 +161,12 @@ def _probe_kwargs(resolved: ResolvedKwargs, root: str) -> dict[str, Any]:
 def _probe(resolved: ResolvedKwargs, labels: dict[str, str]) -> None:
     with tempfile.TemporaryDirectory(prefix="michelangelo-trainer-probe-") as root, _contained():
         kwargs = _probe_kwargs(resolved, root)
-        error = _build(kwargs)
+        error = _build(kwargs, resolved.package)
         if error is None:
             return
         user_keys = [k for k in labels
                      if k in kwargs and k not in _REPLACED and k not in _DERIVED]
-        blamed = _blame(kwargs, user_keys, error)
+        blamed = _blame(kwargs, user_keys, error, resolved.package)
     if blamed is None:
         # Lightning refuses even the settings the user did not choose: an environment
         # problem on the driver, not the user's; the workers will tell.
@@ -178,22 +179,22 @@ def _probe(resolved: ResolvedKwargs, labels: dict[str, str]) -> None:
         shown = resolved.logger.value if resolved.logger.name is None else resolved.logger.name
     message = " ".join(str(error).split())
     raise InputError(
-        f"{label}={shown!r} is refused by pytorch_lightning.Trainer ({type(error).__name__}: "
+        f"{label}={shown!r} is refused by {resolved.package}.Trainer ({type(error).__name__}: "
         f"{message}). Fix: change it as Lightning's message says, or remove the key to use "
-        f"the default {_default_of(key)!r}."
+        f"the default {_default_of(key, resolved.package)!r}."
     ) from None
 
 
-def _blame(kwargs: dict[str, Any], user_keys: list[str],
-           error: Exception) -> tuple[str, Exception] | None:
+def _blame(kwargs: dict[str, Any], user_keys: list[str], error: Exception,
+           package: str) -> tuple[str, Exception] | None:
     """The user key whose value makes ``Trainer(**kwargs)`` fail, and Lightning's error."""
     base = {k: v for k, v in kwargs.items() if k not in user_keys}
-    if _build(base) is not None:
+    if _build(base, package) is not None:
         return None
     text = str(error)
     named = [k for k in user_keys if re.search(rf"\b{re.escape(k)}\b", text)]
     for key in named + [k for k in user_keys if k not in named]:
-        single = _build({**base, key: kwargs[key]})
+        single = _build({**base, key: kwargs[key]}, package)
         if single is not None:
             return key, single
     # Only a combination fails (e.g. barebones=True with a logger): blame the key whose
@@ -201,15 +202,14 @@ def _blame(kwargs: dict[str, Any], user_keys: list[str],
     current = dict(base)
     for key in user_keys:
         current[key] = kwargs[key]
-        combined = _build(current)
+        combined = _build(current, package)
         if combined is not None:
             return key, combined
     return None
 
 
-def _build(kwargs: dict[str, Any]) -> Exception | None:
-    import pytorch_lightning as pl
-
+def _build(kwargs: dict[str, Any], package: str) -> Exception | None:
+    pl = importlib.import_module(package)
     # Lightning appends its own callbacks to the list it is given; keep the user's intact.
     fresh = {k: list(v) if isinstance(v, list) else v for k, v in kwargs.items()}
     try:

@@ -10,6 +10,8 @@ before any worker starts.
 
 from __future__ import annotations
 
+import functools
+import importlib
 import warnings
 from typing import Any
 
@@ -18,14 +20,13 @@ import ray.train.torch
 import torch
 import torch.distributed
 from pytorch_lightning.plugins.environments import ClusterEnvironment
-from typing_extensions import override
 
 from michelangelo.errors import InputError, InputTypeError
 from michelangelo.lib.trainer.torch.pytorch_lightning._strategies._ray_lightning import (
     ray_lightning,
 )
 
-__all__ = ["RayModelParallelStrategy", "validate_fsdp2_kwargs"]
+__all__ = ["RayModelParallelStrategy", "ray_model_parallel", "validate_fsdp2_kwargs"]
 
 # Each entry: the reason Ray Train owns the setting, and what to do instead.
 _RAY_OWNED_KWARGS: dict[str, tuple[str, str]] = {
@@ -92,7 +93,55 @@ def validate_fsdp2_kwargs(strategy_kwargs: dict[str, Any] | None) -> dict[str, A
     return cleaned
 
 
-class RayModelParallelStrategy(pl.strategies.ModelParallelStrategy):
+class _RayModelParallel:
+    """What the Ray builds of ``ModelParallelStrategy`` add; see :class:`RayModelParallelStrategy`."""
+
+    _package = "pytorch_lightning"
+
+    def __init__(self, **kwargs: Any) -> None:
+        cleaned = validate_fsdp2_kwargs(kwargs)
+        # The real sizes are only known inside the worker, in setup_environment.
+        super().__init__(data_parallel_size="auto", tensor_parallel_size="auto", **cleaned)
+
+    # Lightning's ParallelStrategy keeps the environment as a plain attribute. A property here
+    # keeps it None until the Trainer hands one over (so giving Ray's as a plugin too is no
+    # conflict), then holds on to Ray's.
+    @property
+    def cluster_environment(self) -> ClusterEnvironment | None:
+        return self._ray_environment
+
+    @cluster_environment.setter
+    def cluster_environment(self, environment: ClusterEnvironment | None) -> None:
+        if environment is not None:  # None comes from __init__, before the Trainer
+            ray_environment = ray_lightning(self._package).environment
+            if not isinstance(environment, ray_environment):
+                environment = ray_environment()
+        self._ray_environment = environment
+
+    @property
+    def root_device(self) -> torch.device:
+        return ray.train.torch.get_device()
+
+    @property
+    def num_processes(self) -> int:
+        # One Ray Train worker is one process with one device.
+        return 1
+
+    def setup_environment(self) -> None:
+        # world_size comes from the cluster environment (Ray's train context), which is valid
+        # from here on; set both sizes explicitly so the parent never guesses.
+        self._data_parallel_size = self.world_size
+        self._tensor_parallel_size = 1
+        super().setup_environment()
+
+    def _get_process_group_backend(self) -> str:
+        # Ray initialised the group already; report its real backend rather than a guess.
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return str(torch.distributed.get_backend())
+        return super()._get_process_group_backend()
+
+
+class RayModelParallelStrategy(_RayModelParallel, pl.strategies.ModelParallelStrategy):
     """Lightning's ``ModelParallelStrategy`` (FSDP2) running inside a Ray Train worker.
 
     Differences from the parent, all because Ray Train already set the worker up:
@@ -117,48 +166,14 @@ class RayModelParallelStrategy(pl.strategies.ModelParallelStrategy):
             ``validate_fsdp2_kwargs`` so that Ray-owned settings cannot slip in.
     """
 
-    def __init__(self, **kwargs: Any) -> None:
-        cleaned = validate_fsdp2_kwargs(kwargs)
-        # The real sizes are only known inside the worker, in setup_environment.
-        super().__init__(data_parallel_size="auto", tensor_parallel_size="auto", **cleaned)
 
-    # Lightning's ParallelStrategy keeps the environment as a plain attribute. A property here
-    # keeps it None until the Trainer hands one over (so giving Ray's as a plugin too is no
-    # conflict), then holds on to Ray's.
-    @property  # type: ignore[override]
-    def cluster_environment(self) -> ClusterEnvironment | None:
-        return self._ray_environment
-
-    @cluster_environment.setter
-    def cluster_environment(self, environment: ClusterEnvironment | None) -> None:
-        if environment is not None:  # None comes from __init__, before the Trainer
-            ray_environment = ray_lightning().environment
-            if not isinstance(environment, ray_environment):
-                environment = ray_environment()
-        self._ray_environment = environment
-
-    @property
-    @override
-    def root_device(self) -> torch.device:
-        return ray.train.torch.get_device()
-
-    @property
-    @override
-    def num_processes(self) -> int:
-        # One Ray Train worker is one process with one device.
-        return 1
-
-    @override
-    def setup_environment(self) -> None:
-        # world_size comes from the cluster environment (Ray's train context), which is valid
-        # from here on; set both sizes explicitly so the parent never guesses.
-        self._data_parallel_size = self.world_size
-        self._tensor_parallel_size = 1
-        super().setup_environment()
-
-    @override
-    def _get_process_group_backend(self) -> str:
-        # Ray initialised the group already; report its real backend rather than a guess.
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            return str(torch.distributed.get_backend())
-        return super()._get_process_group_backend()
+@functools.cache
+def ray_model_parallel(package: str = "pytorch_lightning") -> type:
+    """:class:`RayModelParallelStrategy` built on ``package`` (the run's Lightning package)."""
+    if package == "pytorch_lightning":
+        return RayModelParallelStrategy
+    pl_package = importlib.import_module(package)
+    return type("RayModelParallelStrategy",
+                (_RayModelParallel, pl_package.strategies.ModelParallelStrategy),
+                {"__module__": __name__, "_package": package,
+                 "__doc__": f"RayModelParallelStrategy ({package} build)."})

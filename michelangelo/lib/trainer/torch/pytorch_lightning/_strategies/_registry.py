@@ -17,15 +17,15 @@ from michelangelo.errors import InputError
 __all__ = ["StrategyChoice", "choose_strategy", "register_strategy", "strategy_names"]
 
 
-def _ray_ddp() -> type:
-    return _ray_lightning().ddp
+def _ray_ddp(package: str) -> type:
+    return _ray_lightning(package).ddp
 
 
-def _ray_fsdp() -> type:
-    return _ray_lightning().fsdp
+def _ray_fsdp(package: str) -> type:
+    return _ray_lightning(package).fsdp
 
 
-def _ray_deepspeed() -> type:
+def _ray_deepspeed(package: str) -> type:
     try:
         import deepspeed  # noqa: F401
     except ImportError as error:
@@ -33,25 +33,25 @@ def _ray_deepspeed() -> type:
             "lightning_trainer_kwargs['strategy']='deepspeed' needs DeepSpeed, which is not "
             f"installed ({error}). Fix: install the trainer-deepspeed extra."
         ) from None
-    return _ray_lightning().deepspeed
+    return _ray_lightning(package).deepspeed
 
 
-def _ray_lightning() -> Any:
-    # Ray's classes, or their pytorch_lightning builds where Ray built its own on the
-    # `lightning` package (see _ray_lightning).
+def _ray_lightning(package: str) -> Any:
+    # Ray's classes where Ray built them on the run's package, else their builds on it
+    # (see _ray_lightning).
     from michelangelo.lib.trainer.torch.pytorch_lightning._strategies._ray_lightning import (
         ray_lightning,
     )
 
-    return ray_lightning()
+    return ray_lightning(package)
 
 
-def _ray_fsdp2() -> type:
+def _ray_fsdp2(package: str) -> type:
     from michelangelo.lib.trainer.torch.pytorch_lightning._strategies._fsdp2 import (
-        RayModelParallelStrategy,
+        ray_model_parallel,
     )
 
-    return RayModelParallelStrategy
+    return ray_model_parallel(package)
 
 
 def _check_fsdp2_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -64,7 +64,7 @@ def _check_fsdp2_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class _Entry:
-    load: Callable[[], type]
+    load: Callable[[str], type]  # the run's Lightning package -> the class built on it
     check_kwargs: Callable[[dict[str, Any]], dict[str, Any]] = dict
     # prepare_trainer only accepts the three Ray strategy classes.
     ray_prepared: bool = True
@@ -75,15 +75,16 @@ class _Entry:
 _REGISTRY: dict[str, _Entry] = {}
 
 
-def register_strategy(name: str, load: Callable[[], type], *, shards: bool = False,
+def register_strategy(name: str, load: Callable[[str], type], *, shards: bool = False,
                       check_kwargs: Callable[[dict[str, Any]], dict[str, Any]] = dict,
                       ray_prepared: bool = True) -> None:
     """Make ``strategy=name`` resolve to the class ``load()`` returns.
 
     Args:
         name: The ``lightning_trainer_kwargs['strategy']`` string (lower case).
-        load: Returns the class; called only when the name is chosen, so registering imports
-            nothing heavy.
+        load: ``load(package)`` returns the class built on the run's Lightning package
+            (``"pytorch_lightning"`` or ``"lightning.pytorch"``); called only when the name is
+            chosen, so registering imports nothing heavy.
         shards: Whether the strategy splits parameters, gradients and optimizer state across
             the workers (the memory preflight and the clipping check read it).
         check_kwargs: Checks and completes the ``strategy_kwargs`` on the driver.
@@ -130,18 +131,19 @@ class StrategyChoice:
     name: str | None
     kwargs: dict[str, Any] = field(default_factory=dict)
     instance: Any = None
+    package: str = "pytorch_lightning"  # the run's Lightning package
 
     def build(self) -> Any:
         """The Lightning ``Strategy`` for this worker."""
         if self.instance is not None:
             return self.instance
-        return _REGISTRY[self.name].load()(**self.kwargs)
+        return _REGISTRY[self.name].load(self.package)(**self.kwargs)
 
     @property
     def ray_prepared(self) -> bool:
-        """Whether ``prepare_trainer`` (Ray's, or its ``pytorch_lightning`` build) accepts it."""
+        """Whether ``prepare_trainer`` (Ray's, or its build on the run's package) accepts it."""
         if self.instance is not None:
-            return isinstance(self.instance, _ray_lightning().strategies)
+            return isinstance(self.instance, _ray_lightning(self.package).strategies)
         return _REGISTRY[self.name].ray_prepared
 
     @property
@@ -157,12 +159,15 @@ class StrategyChoice:
         return _REGISTRY[self.name].shards
 
 
-def choose_strategy(strategy: Any, strategy_kwargs: Any) -> StrategyChoice:
+def choose_strategy(strategy: Any, strategy_kwargs: Any,
+                    package: str = "pytorch_lightning") -> StrategyChoice:
     """Resolve ``lightning_trainer_kwargs['strategy']`` and its ``strategy_kwargs``, on the driver.
 
     Args:
-        strategy: None, a registered name, or a ``pytorch_lightning`` ``Strategy`` instance.
+        strategy: None, a registered name, or a ``Strategy`` instance of ``package``.
         strategy_kwargs: Constructor arguments for a named strategy, or None.
+        package: The run's Lightning package (the module's): ``"pytorch_lightning"`` or
+            ``"lightning.pytorch"``.
 
     Returns:
         The resolved :class:`StrategyChoice`.
@@ -171,7 +176,10 @@ def choose_strategy(strategy: Any, strategy_kwargs: Any) -> StrategyChoice:
         ValueError: Unknown name, wrong type, kwargs with an instance, or kwargs the
             strategy rejects.
     """
-    from pytorch_lightning.strategies import Strategy
+    import importlib
+
+    other = "lightning.pytorch" if package == "pytorch_lightning" else "pytorch_lightning"
+    Strategy = importlib.import_module(f"{package}.strategies").Strategy  # noqa: N806
 
     if strategy_kwargs is not None and not isinstance(strategy_kwargs, dict):
         raise InputError(
@@ -187,39 +195,39 @@ def choose_strategy(strategy: Any, strategy_kwargs: Any) -> StrategyChoice:
                 f"a strategy instance ({type(strategy).__name__}). Fix: pass the arguments to "
                 "the instance's constructor, or give the strategy as a string."
             )
-        return StrategyChoice(name=None, instance=strategy)
+        return StrategyChoice(name=None, instance=strategy, package=package)
     if strategy is None:
         strategy = "ddp"
-    if _from_lightning_package(strategy):
+    if _from_package(strategy, other):
         raise InputError(
-            f"lightning_trainer_kwargs['strategy']={strategy!r} is a lightning.pytorch strategy "
-            "(from the `lightning` package, which Ray's RayDDPStrategy, RayFSDPStrategy and "
-            "RayDeepSpeedStrategy are built on whenever it is installed), but LightningTrainer "
-            "runs pytorch_lightning, whose Trainer refuses it. Fix: give the strategy by name, "
-            f"one of {strategy_names()}, with its arguments in strategy_kwargs (each name is "
-            "the Ray-aware strategy, built on pytorch_lightning), or pass a "
-            "pytorch_lightning.strategies.Strategy instance."
+            f"lightning_trainer_kwargs['strategy']={strategy!r} is a {other} strategy "
+            "(Ray's RayDDPStrategy, RayFSDPStrategy and RayDeepSpeedStrategy are built on "
+            "lightning.pytorch whenever the `lightning` package is installed), but this run's "
+            f"LightningModule is built on {package}, whose Trainer refuses it. Fix: give the "
+            f"strategy by name, one of {strategy_names()}, with its arguments in "
+            f"strategy_kwargs (each name is the Ray-aware strategy, built on {package}), or "
+            f"pass a {package}.strategies.Strategy instance."
         )
     if not isinstance(strategy, str) or strategy.lower() not in _REGISTRY:
         raise InputError(
             f"lightning_trainer_kwargs['strategy']={strategy!r} is not supported. Fix: use one "
             f"of {strategy_names()} (or None for 'ddp'), or pass a "
-            "pytorch_lightning.strategies.Strategy instance."
+            f"{package}.strategies.Strategy instance."
         )
     name = strategy.lower()
     entry = _REGISTRY[name]
-    entry.load()  # fails here, on the driver, when an optional dependency is missing
+    entry.load(package)  # fails here, on the driver, when an optional dependency is missing
     try:
         kwargs = entry.check_kwargs(kwargs)
     except TypeError as error:
         raise InputError(str(error)) from None
-    _check_constructor(name, entry.load(), kwargs)
-    return StrategyChoice(name=name, kwargs=kwargs)
+    _check_constructor(name, entry.load(package), kwargs)
+    return StrategyChoice(name=name, kwargs=kwargs, package=package)
 
 
-def _from_lightning_package(obj: Any) -> bool:
-    """Whether ``obj`` is an instance of a class built on ``lightning.pytorch``."""
-    return any(base.__module__.startswith("lightning.pytorch.") for base in type(obj).__mro__)
+def _from_package(obj: Any, package: str) -> bool:
+    """Whether ``obj`` is an instance of a class built on ``package``."""
+    return any(base.__module__.startswith(f"{package}.") for base in type(obj).__mro__)
 
 
 def _check_constructor(name: str, cls: type, kwargs: dict[str, Any]) -> None:
@@ -230,7 +238,7 @@ def _check_constructor(name: str, cls: type, kwargs: dict[str, Any]) -> None:
     if any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
         # Ray's wrappers take **kwargs; check against the Lightning parent instead.
         for base in cls.__mro__[1:]:
-            if base.__module__.startswith("pytorch_lightning"):
+            if base.__module__.startswith(("pytorch_lightning", "lightning.pytorch")):
                 signature = inspect.signature(base.__init__)
                 break
     if any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):

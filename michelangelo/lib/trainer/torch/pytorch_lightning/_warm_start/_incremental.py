@@ -24,6 +24,7 @@ from michelangelo.lib.checkpoints import (
 from michelangelo.lib.trainer.torch.pytorch_lightning._config import (
     IncrementalTrainingSpec,
 )
+from michelangelo.lib.trainer.torch.pytorch_lightning._lightning import Callback, classes
 from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start._inherit import read_baseline
 from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start._model_stages import (
     BEFORE,
@@ -60,10 +61,8 @@ def _single_copy_optimizer(strategy: Any) -> bool:
     # a full optimizer per worker.
     if strategy.instance is None:
         return strategy.name in (None, "ddp")
-    import pytorch_lightning as pl
-
-    return isinstance(strategy.instance, pl.strategies.DDPStrategy) and not isinstance(
-        strategy.instance, pl.strategies.DeepSpeedStrategy)
+    return isinstance(strategy.instance, classes("strategies.DDPStrategy")) and not isinstance(
+        strategy.instance, classes("strategies.DeepSpeedStrategy"))
 
 
 def _check_fit(model: Any, stored_shapes: dict[str, tuple[int, ...]], name: str) -> None:
@@ -151,12 +150,10 @@ def _restore_schedulers(trainer: Any, states: list[Any] | None) -> None:
 
 def _loop_position_callback(plan: IncrementalPlan, optimizer_states: list[Any] | None,
                             scheduler_states: list[Any] | None = None) -> Any:
-    import pytorch_lightning as pl
-
-    class IncrementalStart(pl.Callback):
+    class IncrementalStart(Callback):
         """Sets the loop position, optimizer and scheduler state once the optimizers exist."""
 
-        def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
             if trainer.ckpt_path is not None:
                 return  # resumed from Ray's checkpoint: it already holds all of this
             if optimizer_states is not None:

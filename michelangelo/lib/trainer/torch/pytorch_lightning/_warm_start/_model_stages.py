@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 
 from michelangelo.errors import InternalError, MichelangeloError
 from michelangelo.lib.trainer.torch.pytorch_lightning._config import build_meta_model
+from michelangelo.lib.trainer.torch.pytorch_lightning._lightning import Callback, package_of
 
 __all__ = ["AFTER", "BEFORE", "ConfigureModelError", "MetaModels", "first_stage_that_fits", "has_configure_model",
            "run_after_configure", "stage_on_worker"]
@@ -31,9 +32,11 @@ T = TypeVar("T")
 
 def has_configure_model(model: Any) -> bool:
     """Whether ``model`` overrides ``LightningModule.configure_model`` (Lightning calls it)."""
-    from pytorch_lightning.utilities.model_helpers import is_overridden
+    import importlib
 
-    return is_overridden("configure_model", model)
+    package = package_of(model) or "pytorch_lightning"
+    helpers = importlib.import_module(f"{package}.utilities.model_helpers")
+    return helpers.is_overridden("configure_model", model)
 
 
 class MetaModels:
@@ -136,8 +139,6 @@ def run_after_configure(model: Any, action: Callable[[], None], rank: int = 0) -
         planned step can never be skipped without a sign), or None for a model without the
         hook.
     """
-    import pytorch_lightning as pl
-
     if not has_configure_model(model):
         return None
     original = model.configure_model
@@ -160,8 +161,8 @@ def run_after_configure(model: Any, action: Callable[[], None], rank: int = 0) -
 
     model.configure_model = configure_model
 
-    class AfterConfigureModel(pl.Callback):
-        def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    class AfterConfigureModel(Callback):
+        def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
             if not state["done"]:
                 raise InternalError(
                     "A warm start or freeze planned for after configure_model() did not run: "

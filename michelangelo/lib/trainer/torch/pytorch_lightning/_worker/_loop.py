@@ -28,6 +28,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._ingest import (
     drain_shard,
     rows_per_worker,
 )
+from michelangelo.lib.trainer.torch.pytorch_lightning._lightning import load, package_of
 from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start import (
     BEFORE,
     apply_initial_weights,
@@ -143,14 +144,16 @@ def _track(spec: WorkerSpec) -> None:
 
 
 def _build_model(spec: WorkerSpec, rank: int, world_size: int) -> tuple[Any, list[Any]]:
-    import pytorch_lightning as pl
-
     model = spec.create_model_fn(**spec.create_model_fn_kwargs)
-    if not isinstance(model, pl.LightningModule):
+    package = spec.resolved.package
+    if not isinstance(model, load(package).LightningModule):
+        built_on = package_of(model) or "not a Lightning"
         raise InputTypeError(
-            f"create_model_fn returned {type(model).__name__}, not a "
-            "pytorch_lightning.LightningModule. Fix: return a LightningModule (import "
-            "pytorch_lightning, not lightning.pytorch)."
+            f"create_model_fn returned {type(model).__name__} ({built_on} class) on this "
+            f"worker, but the run was set up for a {package} "
+            "LightningModule (from the driver's build of it, or from the Lightning objects in "
+            "lightning_trainer_kwargs). Fix: return a LightningModule of one package every "
+            "time, with callbacks, loggers and strategies from the same package."
         )
     later: list[Callable[[], None]] = []  # steps that need the layers configure_model() builds
     path = spec.initial_weights_path
@@ -240,11 +243,10 @@ def _in_memory_iterables(spec: WorkerSpec) -> tuple[InMemoryBatches, InMemoryBat
 
 
 def _build_trainer(spec: WorkerSpec, context: Any) -> tuple[Any, str]:
-    import pytorch_lightning as pl
-
     from michelangelo.lib.trainer.torch.pytorch_lightning._strategies import ray_lightning
 
-    ray_pl = ray_lightning()
+    pl = load(spec.resolved.package)
+    ray_pl = ray_lightning(spec.resolved.package)
     resolved = spec.resolved
     kwargs = dict(resolved.trainer_kwargs)
     callbacks = list(kwargs.pop("callbacks", []))

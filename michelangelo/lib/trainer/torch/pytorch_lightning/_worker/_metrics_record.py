@@ -16,7 +16,7 @@ import math
 import time
 from typing import Any
 
-import pytorch_lightning as pl
+from michelangelo.lib.trainer.torch.pytorch_lightning._lightning import Callback
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ __all__ = ["MetricsRecord", "read_metrics"]
 FLUSH_EVERY_S = 5.0
 
 
-class MetricsRecord(pl.Callback):
+class MetricsRecord(Callback):
     """Record logged metrics into ``url`` (a JSON-lines file on any fsspec storage).
 
     Args:
@@ -41,7 +41,7 @@ class MetricsRecord(pl.Callback):
         self._last_flush = time.monotonic()
         self._wrapped = False
 
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if not trainer.is_global_zero or self._wrapped:
             return
         connector = trainer._logger_connector
@@ -55,7 +55,7 @@ class MetricsRecord(pl.Callback):
         connector.log_metrics = log_metrics
         self._wrapped = True
 
-    def _add(self, trainer: pl.Trainer, metrics: dict[str, Any], step: int | None) -> None:
+    def _add(self, trainer: Any, metrics: dict[str, Any], step: int | None) -> None:
         values = {name: _scalar(value) for name, value in metrics.items()}
         if step is None:
             # Lightning's own choice of step for loggers (see _LoggerConnector.log_metrics).
@@ -92,11 +92,11 @@ class MetricsRecord(pl.Callback):
         except Exception:  # noqa: BLE001 - a full disk must not fail training
             logger.exception("could not write the metrics record to %s", self.url)
 
-    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         if trainer.is_global_zero:
             self.flush()
 
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+    def on_exception(self, trainer: Any, pl_module: Any,
                      exception: BaseException) -> None:
         if trainer.is_global_zero:
             self.flush()

@@ -18,6 +18,8 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from michelangelo.lib.trainer.torch.pytorch_lightning._lightning import classes
+
 logger = logging.getLogger(__name__)
 
 # Where share_logger_identity leaves the broadcast identity for the sinks on the same rank.
@@ -282,10 +284,7 @@ def _identity(trainer: Any) -> LoggerIdentity:
 
 
 def _find_logger(trainer: Any, kind: str) -> Any | None:
-    if kind == "mlflow":
-        from pytorch_lightning.loggers import MLFlowLogger as wanted
-    else:
-        from pytorch_lightning.loggers import CometLogger as wanted
+    wanted = classes("loggers.MLFlowLogger" if kind == "mlflow" else "loggers.CometLogger")
     for candidate in getattr(trainer, "loggers", None) or []:
         if isinstance(candidate, wanted):
             return candidate

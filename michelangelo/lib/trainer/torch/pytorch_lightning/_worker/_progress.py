@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import pytorch_lightning as pl
+from michelangelo.lib.trainer.torch.pytorch_lightning._lightning import Callback
 
 logger = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def _kv():
     return internal_kv
 
 
-class ProgressReport(pl.Callback):
+class ProgressReport(Callback):
     """On global rank 0, publish the training's progress under ``key`` (throttled).
 
     Args:
@@ -57,7 +57,7 @@ class ProgressReport(pl.Callback):
         # Wall-clock moments the driver turns into phases (see watch_progress).
         self.marks: dict[str, float] = {"loop_start": loop_started or time.time()}
 
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self.marks.setdefault("fit_start", time.time())
         self._start = time.monotonic()
         self._first_step = trainer.global_step
@@ -65,22 +65,22 @@ class ProgressReport(pl.Callback):
         if trainer.is_global_zero:
             self._send(trainer)
 
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+    def on_train_batch_end(self, trainer: Any, pl_module: Any,
                            outputs: Any, batch: Any, batch_idx: int) -> None:
         self._batches += 1
         if trainer.is_global_zero and time.monotonic() - self._last >= self.every_s:
             self._send(trainer)
 
-    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
         if trainer.is_global_zero and not trainer.sanity_checking:
             self._send(trainer)
 
-    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self.marks["fit_end"] = time.time()
         if trainer.is_global_zero:
             self._send(trainer, done=True)
 
-    def state(self, trainer: pl.Trainer, done: bool = False) -> dict[str, Any]:
+    def state(self, trainer: Any, done: bool = False) -> dict[str, Any]:
         """The progress as the console shows it."""
         elapsed = max(time.monotonic() - self._start, 1e-9)
         total = trainer.estimated_stepping_batches
@@ -109,13 +109,13 @@ class ProgressReport(pl.Callback):
             "marks": dict(self.marks),
         }
 
-    def finish(self, trainer: pl.Trainer) -> None:
+    def finish(self, trainer: Any) -> None:
         """After ``fit`` returned (checkpoints written, strategy torn down): the last update."""
         self.marks["fit_returned"] = time.time()
         if trainer.is_global_zero:
             self._send(trainer, done=True)
 
-    def _send(self, trainer: pl.Trainer, done: bool = False) -> None:
+    def _send(self, trainer: Any, done: bool = False) -> None:
         self._last = time.monotonic()
         try:
             _kv()._internal_kv_put(self.key, json.dumps(self.state(trainer, done)),

@@ -21,7 +21,7 @@ import shutil
 import tempfile
 from typing import Any
 
-import pytorch_lightning as pl
+from michelangelo.lib.trainer.torch.pytorch_lightning._lightning import Callback, classes
 
 logger = logging.getLogger(__name__)
 
@@ -59,14 +59,14 @@ class Reporter:
         self.extra_metrics = dict(extra_metrics or {})
         self.last_step: int | None = None
 
-    def metrics(self, trainer: pl.Trainer) -> dict[str, Any]:
+    def metrics(self, trainer: Any) -> dict[str, Any]:
         metrics = {k: _as_float(v) for k, v in trainer.callback_metrics.items()}
         metrics.update(self.extra_metrics)
         metrics["epoch"] = trainer.current_epoch
         metrics["step"] = trainer.global_step
         return metrics
 
-    def report(self, trainer: pl.Trainer) -> None:
+    def report(self, trainer: Any) -> None:
         import ray.train
 
         # Two saves at one step (e.g. top-k and save_last) hold the same state: report once.
@@ -99,13 +99,13 @@ class Reporter:
             )
 
 
-class EpochEndReport(pl.Callback):
+class EpochEndReport(Callback):
     """Report a checkpoint at the end of every training epoch (after its validation)."""
 
     def __init__(self, reporter: Reporter) -> None:
         self.reporter = reporter
 
-    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         self.reporter.report(trainer)
 
 
@@ -115,7 +115,7 @@ _SUBCLASSES: dict[type, type] = {}
 def _reporting_subclass(cls: type) -> type:
     if cls not in _SUBCLASSES:
 
-        def _save_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
+        def _save_checkpoint(self, trainer: Any, filepath: str) -> None:
             cls._save_checkpoint(self, trainer, filepath)
             self._michelangelo_reporter.report(trainer)
 
@@ -132,11 +132,10 @@ def report_on_model_checkpoint(callbacks: list[Any], reporter: Reporter) -> bool
     Returns:
         Whether any ``ModelCheckpoint`` was found.
     """
-    from pytorch_lightning.callbacks import ModelCheckpoint
-
+    model_checkpoint = classes("callbacks.ModelCheckpoint")
     found = False
     for callback in callbacks:
-        if isinstance(callback, ModelCheckpoint):
+        if isinstance(callback, model_checkpoint):
             callback._michelangelo_reporter = reporter
             callback.__class__ = _reporting_subclass(type(callback))
             found = True

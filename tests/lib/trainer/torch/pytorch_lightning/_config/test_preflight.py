@@ -155,7 +155,7 @@ def test_real_factory_errors_surface_with_the_original_chained():
 
 
 def test_factory_must_return_a_lightning_module():
-    with pytest.raises(ValueError, match="returned Linear, not a pytorch_lightning.LightningModule"):
+    with pytest.raises(ValueError, match="returned Linear, not a LightningModule"):
         build_meta_model(lambda: torch.nn.Linear(2, 2), {})
 
 

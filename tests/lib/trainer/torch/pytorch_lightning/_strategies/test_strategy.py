@@ -28,7 +28,7 @@ def test_strings_resolve(name, cls, prepared):
     choice = choose_strategy(name, None)
     from michelangelo.lib.trainer.torch.pytorch_lightning._strategies._registry import _REGISTRY
 
-    assert _REGISTRY[choice.name].load() is cls
+    assert _REGISTRY[choice.name].load("pytorch_lightning") is cls
     assert choice.ray_prepared is prepared
 
 
@@ -89,12 +89,12 @@ def test_a_strategy_registers_itself_with_whether_it_shards(monkeypatch):
     class TeamDDP(DDPStrategy):
         pass
 
-    _registry.register_strategy("team-ddp", lambda: TeamDDP, ray_prepared=False)
+    _registry.register_strategy("team-ddp", lambda package: TeamDDP, ray_prepared=False)
     choice = choose_strategy("team-ddp", {"find_unused_parameters": True})
     assert "team-ddp" in strategy_names()
     assert isinstance(choice.build(), TeamDDP) and not choice.shards_parameters
     with pytest.raises(ValueError, match="'team-ddp' is taken"):
-        _registry.register_strategy("team-ddp", lambda: TeamDDP)
+        _registry.register_strategy("team-ddp", lambda package: TeamDDP)
     # Registered sharding comes from the registration; an instance's from its Lightning base.
     assert [choose_strategy(n, None).shards_parameters for n in ("ddp", "fsdp", "fsdp2")] == [
         False, True, True]
