@@ -20,7 +20,7 @@ browser:
 
 # The installer is uv (pinned in constraints.txt), installed into the venv by pip: it fetches
 # and unpacks wheels in parallel, which takes the cold set-up (torch's CUDA build and its nvidia
-# wheels, about 3 GB) from about ten minutes to under one. Where uv cannot be installed, pip
+# wheels, about 3 GB) from eight to ten minutes to about one. Where uv cannot be installed, pip
 # does the same installs from the same constraints (INSTALL falls back to it).
 INSTALL = $$(test -x $(BIN)/uv && echo "$(BIN)/uv pip install --python $(BIN)/python" \
   || echo "$(BIN)/python -m pip install") --quiet
