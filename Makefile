@@ -64,18 +64,29 @@ k8s-down:
 # path beside the venv's pytorch_lightning (both installed): modules of either package train.
 # The KubeRay tests run in a pytest process of their own: their session keeps a control plane,
 # the operator and the kubelet double running, which no other test should share. The bed's
-# binaries build in the background while the main run goes (a cold build takes many minutes on
-# 2 cores; a warm one returns at once). The KubeRay tests run even when the main run fails (so
-# one failure does not hide the rest), and make still fails if either did.
-test: setup $(LIGHTNING_SIDE)/.installed
-	@status=0; mkdir -p build; \
+# binaries build in the background from the start, while the venv installs and the main run
+# goes (a cold build takes many minutes on 2 cores; a warm one returns at once). The KubeRay
+# tests run even when the main run fails (so one failure does not hide the rest), and make
+# still fails if either did. Each step's start is stamped in the log.
+test:
+	@status=0; mkdir -p build; stamp() { echo "[make test $$(date +%H:%M:%S)] $$*"; }; \
+	stamp "bed build starts in the background (build/k8s-build.log)"; \
 	bash tools/build_kuberay_bed.sh >build/k8s-build.log 2>&1 & build=$$!; \
+	stamp "set-up"; \
+	$(MAKE) --no-print-directory setup $(LIGHTNING_SIDE)/.installed \
+	  || { kill $$build 2>/dev/null; wait $$build; exit 1; }; \
+	stamp "main test run"; \
 	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider --durations=15 --ignore=tests/uniflow/plugins/ray/kuberay/bed \
 	  || status=$$?; \
+	stamp "lightning_packages run (both packages installed)"; \
 	PYTHONPATH=$(CURDIR)/$(LIGHTNING_SIDE) $(BIN)/python -m pytest -m "lightning_packages and not gpu" -q -p no:cacheprovider \
 	  tests/lib/trainer || status=$$?; \
+	stamp "waiting for the bed build"; \
 	wait $$build || { status=1; tail -n 30 build/k8s-build.log; }; \
+	grep '\[bed-build\]' build/k8s-build.log || true; \
+	stamp "KubeRay bed run"; \
 	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider --durations=15 tests/uniflow/plugins/ray/kuberay/bed || status=$$?; \
+	stamp "done (status $$status)"; \
 	exit $$status
 
 # The documentation site (mkdocs.yml, docs/): built offline into build/site; --strict turns
