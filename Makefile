@@ -22,8 +22,9 @@ browser:
 # and unpacks wheels in parallel, which takes the cold set-up (torch's CUDA build and its nvidia
 # wheels, about 3 GB) from eight to ten minutes to about one. Where uv cannot be installed, pip
 # does the same installs from the same constraints (INSTALL falls back to it).
-INSTALL = $$(test -x $(BIN)/uv && echo "$(BIN)/uv pip install --python $(BIN)/python" \
-  || echo "$(BIN)/python -m pip install") --quiet
+installer = $$(test -x $(BIN)/uv && echo "$(BIN)/uv pip install --python $(1)/bin/python" \
+  || echo "$(1)/bin/python -m pip install") --quiet
+INSTALL = $(call installer,$(VENV))
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -39,6 +40,20 @@ $(STAMP): pyproject.toml constraints.txt
 LIGHTNING_SIDE := $(VENV)/side-lightning
 $(LIGHTNING_SIDE)/.installed: $(STAMP)
 	$(INSTALL) --no-deps --upgrade --target $(LIGHTNING_SIDE) -c constraints.txt lightning
+	touch $@
+
+# A second venv with the `lightning` package alone: no pytorch_lightning anywhere. Since 2.6,
+# `lightning` lists pytorch-lightning among its requirements, so every pip install of it brings
+# both; this venv removes pytorch-lightning afterwards, as an image trimmed to one package
+# would, to show that a `lightning` run never reaches for the other package. uv links the
+# wheels from its cache, so this costs seconds once the main venv is installed.
+ONLY_LIGHTNING := $(VENV)/only-lightning
+$(ONLY_LIGHTNING)/.installed: $(STAMP)
+	test -x $(ONLY_LIGHTNING)/bin/python || $(PYTHON) -m venv $(ONLY_LIGHTNING)
+	$(call installer,$(ONLY_LIGHTNING)) -c constraints.txt "torch==2.13.0" -e . lightning \
+	  safetensors pytest pytest-timeout
+	$(if $(wildcard $(BIN)/uv),$(BIN)/uv pip uninstall --python $(ONLY_LIGHTNING)/bin/python,$(ONLY_LIGHTNING)/bin/python -m pip uninstall -y) \
+	  --quiet pytorch-lightning
 	touch $@
 
 demo: setup
@@ -73,7 +88,7 @@ test:
 	stamp "bed build starts in the background (build/k8s-build.log)"; \
 	bash tools/build_kuberay_bed.sh >build/k8s-build.log 2>&1 & build=$$!; \
 	stamp "set-up"; \
-	$(MAKE) --no-print-directory setup $(LIGHTNING_SIDE)/.installed \
+	$(MAKE) --no-print-directory setup $(LIGHTNING_SIDE)/.installed $(ONLY_LIGHTNING)/.installed \
 	  || { kill $$build 2>/dev/null; wait $$build; exit 1; }; \
 	stamp "main test run"; \
 	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider --durations=15 --ignore=tests/uniflow/plugins/ray/kuberay/bed \
@@ -81,6 +96,9 @@ test:
 	stamp "lightning_packages run (both packages installed)"; \
 	PYTHONPATH=$(CURDIR)/$(LIGHTNING_SIDE) $(BIN)/python -m pytest -m "lightning_packages and not gpu" -q -p no:cacheprovider \
 	  tests/lib/trainer || status=$$?; \
+	stamp "only-lightning run (the lightning package alone)"; \
+	$(ONLY_LIGHTNING)/bin/python -m pytest -m "not gpu" -q -p no:cacheprovider tests/lib/trainer/torch/only_lightning \
+	  || status=$$?; \
 	stamp "waiting for the bed build"; \
 	wait $$build || { status=1; tail -n 30 build/k8s-build.log; }; \
 	grep '\[bed-build\]' build/k8s-build.log || true; \
