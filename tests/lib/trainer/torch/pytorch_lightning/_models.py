@@ -160,9 +160,10 @@ ISOLATED_STATE_API = {"RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9"}
 
 
 def start_test_ray(num_cpus: int = 4, env_vars: dict[str, str] | None = None) -> None:
-    """Start a private local Ray for one test module (see the project's test rules).
+    """Start a local Ray for the trainer's tests, stopping any that runs in this process.
 
-    Test modules get it through the ``ray_cluster`` fixture of ``conftest.py``.
+    Test modules get it through the ``ray_cluster`` fixture of ``conftest.py``, which shares
+    one among the modules that ask for the same shape.
 
     Args:
         num_cpus: Logical CPUs of the local Ray.

@@ -271,7 +271,7 @@ def _train_loop(config: dict) -> None:
 
 
 @pytest.fixture(scope="module")
-def two_node_run(tmp_path_factory):
+def two_node_run(no_shared_ray, tmp_path_factory):
     from ray.cluster_utils import Cluster
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
