@@ -24,6 +24,8 @@ browser:
 # does the same installs from the same constraints (INSTALL falls back to it).
 installer = $$(test -x $(BIN)/uv && echo "$(BIN)/uv pip install --python $(1)/bin/python" \
   || echo "$(1)/bin/python -m pip install") --quiet
+uninstaller = $$(test -x $(BIN)/uv && echo "$(BIN)/uv pip uninstall --python $(1)/bin/python" \
+  || echo "$(1)/bin/python -m pip uninstall -y") --quiet
 INSTALL = $(call installer,$(VENV))
 
 $(STAMP): pyproject.toml constraints.txt
@@ -52,8 +54,7 @@ $(ONLY_LIGHTNING)/.installed: $(STAMP)
 	test -x $(ONLY_LIGHTNING)/bin/python || $(PYTHON) -m venv $(ONLY_LIGHTNING)
 	$(call installer,$(ONLY_LIGHTNING)) -c constraints.txt "torch==2.13.0" -e . lightning \
 	  safetensors pytest pytest-timeout
-	$(if $(wildcard $(BIN)/uv),$(BIN)/uv pip uninstall --python $(ONLY_LIGHTNING)/bin/python,$(ONLY_LIGHTNING)/bin/python -m pip uninstall -y) \
-	  --quiet pytorch-lightning
+	$(call uninstaller,$(ONLY_LIGHTNING)) pytorch-lightning
 	touch $@
 
 demo: setup
