@@ -21,8 +21,12 @@ browser:
 # The installer is uv (pinned in constraints.txt), installed into the venv by pip: it fetches
 # and unpacks wheels in parallel, which takes the cold set-up (torch's CUDA build and its nvidia
 # wheels, about 3 GB) from eight to ten minutes to about one. Where uv cannot be installed, pip
-# does the same installs from the same constraints (INSTALL falls back to it).
-installer = $$(test -x $(BIN)/uv && echo "$(BIN)/uv pip install --python $(1)/bin/python" \
+# does the same installs from the same constraints (INSTALL falls back to it). uv compiles the
+# bytecode at install time, as pip does (--compile-bytecode). Its default leaves that to the
+# first import, and where PYTHONDONTWRITEBYTECODE is set (this machine sets it) nothing is ever
+# written: every process, each Ray worker included, then compiled torch, Ray and Lightning
+# again, and imports took three times as long.
+installer = $$(test -x $(BIN)/uv && echo "$(BIN)/uv pip install --compile-bytecode --python $(1)/bin/python" \
   || echo "$(1)/bin/python -m pip install") --quiet
 uninstaller = $$(test -x $(BIN)/uv && echo "$(BIN)/uv pip uninstall --python $(1)/bin/python" \
   || echo "$(1)/bin/python -m pip uninstall -y") --quiet
