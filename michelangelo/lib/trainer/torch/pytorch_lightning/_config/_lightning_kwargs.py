@@ -114,19 +114,23 @@ class ResolvedKwargs:
 
 
 def resolve_lightning_kwargs(param: LightningTrainerParam,
-                             module_package: str | None = None) -> ResolvedKwargs:
+                             module_package: str | None = None,
+                             datamodule: tuple[str, Any] | None = None) -> ResolvedKwargs:
     """Resolve ``param.lightning_trainer_kwargs`` on the driver.
 
     Args:
         param: The training run.
         module_package: The Lightning package of the module ``create_model_fn`` returns, when
             the driver could build it; the run trains with that package's ``Trainer``.
+        datamodule: ``(label, class)`` of the run's DataModule when the driver knows it; it
+            must be of the same package.
 
     Raises:
         ValueError: A key or sibling is invalid, or the objects mix the two Lightning
             packages; the message names it and the fix.
     """
-    package = choose(module_package, *_lightning_objects(param.lightning_trainer_kwargs))
+    objects = _lightning_objects(param.lightning_trainer_kwargs)
+    package = choose(module_package, *objects, *([datamodule] if datamodule else []))
     _check_names(param.lightning_trainer_kwargs, package)
     kwargs = dict(param.lightning_trainer_kwargs)
     siblings = {key: kwargs.pop(key, None) for key in SIBLING_KEYS}
@@ -191,8 +195,32 @@ def _choose_defaults(kwargs: dict[str, Any], param: LightningTrainerParam) -> No
             )
         else:
             kwargs["max_epochs"] = param.num_epochs
+    _warn_epoch_default_caps(kwargs)
     for key, value in TRAINER_DEFAULTS.items():
         kwargs.setdefault(key, value)
+
+
+def _warn_epoch_default_caps(kwargs: dict[str, Any]) -> None:
+    """One warning when ``max_steps`` or ``max_time`` is set but ``max_epochs`` is not.
+
+    Lightning's own default then trains until the step or time limit; the guide's default,
+    ``max_epochs=1``, still applies here, and whichever limit comes first ends the run.
+    """
+    if "max_epochs" in kwargs:
+        return
+    limits = [f"{key}={kwargs[key]!r}" for key in ("max_steps", "max_time")
+              if kwargs.get(key) not in (None, -1)]
+    if not limits:
+        return
+    message = (
+        f"lightning_trainer_kwargs sets {' and '.join(limits)} without max_epochs: "
+        f"LightningTrainer's default max_epochs={TRAINER_DEFAULTS['max_epochs']} still applies, "
+        "so the run ends after that epoch if it comes first. Fix: add "
+        "lightning_trainer_kwargs['max_epochs']=-1 to stop on the step or time limit alone, "
+        "or set max_epochs to the number of epochs you mean."
+    )
+    warnings.warn(message, UserWarning, stacklevel=5)
+    logger.warning(message)
 
 
 def has_model_checkpoint(callbacks: Any) -> bool:

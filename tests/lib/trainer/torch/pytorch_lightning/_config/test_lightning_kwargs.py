@@ -41,6 +41,29 @@ def test_defaults_are_overridable(data):
             kwargs["enable_progress_bar"], kwargs["log_every_n_steps"]) == (5, 2, True, 3)
 
 
+@pytest.mark.parametrize("limit", [{"max_steps": 3000}, {"max_time": "00:12:00:00"},
+                                   {"max_steps": 10, "max_time": {"hours": 2}}])
+def test_a_step_or_time_limit_without_max_epochs_warns_of_the_epoch_default(data, limit):
+    with pytest.warns(UserWarning) as caught:
+        kwargs = resolve(data, limit).trainer_kwargs
+    assert kwargs["max_epochs"] == 1  # the guide's default holds
+    messages = [str(w.message) for w in caught if "without max_epochs" in str(w.message)]
+    assert len(messages) == 1
+    for key, value in limit.items():
+        assert f"{key}={value!r}" in messages[0]
+    assert "default max_epochs=1 still applies" in messages[0]
+    assert "Fix: add lightning_trainer_kwargs['max_epochs']=-1" in messages[0]
+
+
+@pytest.mark.parametrize("kwargs", [{"max_steps": 3000, "max_epochs": -1},
+                                    {"max_steps": 3000, "max_epochs": 5}, {"max_steps": -1},
+                                    {"max_time": None}])
+def test_no_epoch_default_warning_when_max_epochs_is_given_or_no_limit_is(data, kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resolve(data, kwargs)
+
+
 def test_num_epochs_is_honoured_unless_max_epochs_given(data):
     with pytest.warns(FutureWarning):
         assert resolve(data, num_epochs=4).trainer_kwargs["max_epochs"] == 4
