@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import os
 import warnings
 from typing import Any
 
@@ -103,18 +104,22 @@ class LightningTrainer(TorchTrainer):
         # The module decides the Lightning package (its meta build on the driver, else the
         # factory when it is the class itself); the kwargs' Lightning objects must match it.
         self._resolved = resolve_lightning_kwargs(
-            trainer_param, package_of(models.raw) or package_of(trainer_param.create_model_fn))
+            trainer_param, package_of(models.raw) or package_of(trainer_param.create_model_fn),
+            _datamodule_class(trainer_param))
         check_all(trainer_param, self._resolved, scaling_config)
         self._weights_stage = _plan_initial_weights(trainer_param.initial_weights_path, models)
         self._preflight_model(models, scaling_config)
         self._warm_start = plan_warm_start(trainer_param, self._resolved, models)
         self._resume_plan = plan_resume(run_config, trainer_param.experiment_store)
-        self._ingest = plan_ingest(trainer_param.train_data, trainer_param.val_data,
-                                   scaling_config)
-        logger.info("LightningTrainer data ingest: %s", self._ingest.reason)
-        datasets = {"train": trainer_param.train_data}
-        if trainer_param.val_data is not None:
-            datasets["val"] = trainer_param.val_data
+        datasets: dict[str, Any] = {}
+        self._ingest = None
+        if not trainer_param.uses_datamodule:
+            self._ingest = plan_ingest(trainer_param.train_data, trainer_param.val_data,
+                                       scaling_config)
+            logger.info("LightningTrainer data ingest: %s", self._ingest.reason)
+            datasets["train"] = trainer_param.train_data
+            if trainer_param.val_data is not None:
+                datasets["val"] = trainer_param.val_data
         super().__init__(
             train_loop_per_worker=train_loop_per_worker,
             train_loop_config={},
@@ -126,8 +131,14 @@ class LightningTrainer(TorchTrainer):
         )
 
     @property
-    def global_batch_size(self) -> int:
-        """Per-device batch x workers x gradient accumulation."""
+    def global_batch_size(self) -> int | None:
+        """Per-device batch x workers x gradient accumulation.
+
+        None with a DataModule: its loaders decide the batch size, on the workers; the run's
+        metrics then carry the figure they measured.
+        """
+        if self.trainer_param.uses_datamodule:
+            return None
         workers = self.scaling_config.num_workers
         workers = workers[1] if isinstance(workers, tuple) else workers
         return (self.trainer_param.batch_size * max(int(workers), 1)
@@ -140,11 +151,12 @@ class LightningTrainer(TorchTrainer):
             CapacityError: The ScalingConfig cannot be placed on the cluster.
         """
         self._check_capacity()
-        logger.info(
-            "LightningTrainer: global batch size %d (batch_size %d x workers x "
-            "accumulate_grad_batches %d)", self.global_batch_size,
-            self.trainer_param.batch_size, self._resolved.accumulate_grad_batches,
-        )
+        if self.global_batch_size is not None:
+            logger.info(
+                "LightningTrainer: global batch size %d (batch_size %d x workers x "
+                "accumulate_grad_batches %d)", self.global_batch_size,
+                self.trainer_param.batch_size, self._resolved.accumulate_grad_batches,
+            )
         from michelangelo.lib.trainer.torch.pytorch_lightning._worker import watch_progress
 
         with watch_progress(_progress_label()) as progress_key:
@@ -200,7 +212,8 @@ class LightningTrainer(TorchTrainer):
             self._override_run_config(run_config)
         result = self.fit()
         metrics = dict(result.metrics or {})
-        metrics["global_batch_size"] = self.global_batch_size
+        if self.global_batch_size is not None:  # else the workers measured it (a DataModule)
+            metrics["global_batch_size"] = self.global_batch_size
         checkpoint_path = result.checkpoint.path if result.checkpoint is not None else None
         observer = self.trainer_param.training_observer
         if observer is not None:
@@ -267,13 +280,14 @@ class LightningTrainer(TorchTrainer):
 
     def _worker_spec(self) -> WorkerSpec:
         param = self.trainer_param
-        in_memory = self._ingest.in_memory
-        # In memory, each worker counts its own shard as it reads it: counting on the driver
-        # would execute a lazy dataset once more before the workers read it.
-        train_rows = 0 if in_memory else _count(param.train_data, self._ingest.train_rows)
-        val_rows = None
-        if param.val_data is not None:
-            val_rows = 0 if in_memory else _count(param.val_data, self._ingest.val_rows)
+        in_memory, train_rows, val_rows = False, 0, None
+        if self._ingest is not None:
+            in_memory = self._ingest.in_memory
+            # In memory, each worker counts its own shard as it reads it: counting on the
+            # driver would execute a lazy dataset once more before the workers read it.
+            train_rows = 0 if in_memory else _count(param.train_data, self._ingest.train_rows)
+            if param.val_data is not None:
+                val_rows = 0 if in_memory else _count(param.val_data, self._ingest.val_rows)
         return WorkerSpec(
             create_model_fn=param.create_model_fn,
             create_model_fn_kwargs=dict(param.create_model_fn_kwargs),
@@ -299,7 +313,20 @@ class LightningTrainer(TorchTrainer):
             warm_start=self._warm_start,
             memory_check=self._deferred_memory_check,
             initial_weights_stage=self._weights_stage,
+            seed=_driver_seed(),
+            create_datamodule_fn=param.create_datamodule_fn,
+            create_datamodule_fn_kwargs=dict(param.create_datamodule_fn_kwargs),
         )
+
+
+def _datamodule_class(param: LightningTrainerParam) -> tuple[str, Any] | None:
+    """``(label, class)`` when ``create_datamodule_fn`` is the DataModule class itself, so its
+    package can be checked against the module's on the driver; a function only tells on the
+    workers."""
+    factory = param.create_datamodule_fn
+    if isinstance(factory, type):
+        return "LightningTrainerParam.create_datamodule_fn", factory
+    return None
 
 
 def _progress_label() -> str:
@@ -320,6 +347,22 @@ def _metrics_url(run_config: RunConfig, spec: WorkerSpec) -> str | None:
         record_artifact("metrics", name=name, path=relative)
         return f"{call.scratch_url}/{relative}"
     return f"{spec.experiment_dir}/metrics.jsonl" if spec.experiment_dir else None
+
+
+def _driver_seed() -> tuple[int, bool] | None:
+    """``(seed, workers)`` of the driver's ``seed_everything`` call, or None if it made none.
+
+    Both Lightning packages record the call in the process environment (``PL_GLOBAL_SEED``,
+    ``PL_SEED_WORKERS``); that is what their own launchers pass to each rank.
+    """
+    seed = os.environ.get("PL_GLOBAL_SEED")
+    if seed is None:
+        return None
+    try:
+        value = int(seed)
+    except ValueError:
+        return None
+    return value, os.environ.get("PL_SEED_WORKERS", "0") == "1"
 
 
 def _count(dataset: Any, counted: int | None) -> int:

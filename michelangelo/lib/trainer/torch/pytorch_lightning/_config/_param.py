@@ -25,6 +25,16 @@ logger = logging.getLogger(__name__)
 _UNSET: Any = object()  # tells "num_epochs was passed" from the default
 
 
+class _NotGiven:
+    """The default of ``train_data`` and ``val_data``: neither passed (a DataModule run)."""
+
+    def __repr__(self) -> str:
+        return "<not given>"
+
+
+_NOT_GIVEN: Any = _NotGiven()
+
+
 @dataclass(frozen=True)
 class LightningTrainerParam:
     """The training run: model factory, data, batch size and Lightning arguments.
@@ -35,9 +45,11 @@ class LightningTrainerParam:
             never crosses a process boundary.
         create_model_fn_kwargs: Keyword arguments for the factory, checked against its
             signature here (unknown keys, missing required parameters).
-        train_data: Training ``ray.data.Dataset`` (split evenly across workers).
-        val_data: Validation ``ray.data.Dataset``. Required, but may be None: an explicit
-            choice to train without validation, which ``LightningTrainer`` warns about.
+        train_data: Training ``ray.data.Dataset`` (split evenly across workers). Required
+            unless ``create_datamodule_fn`` gives the data.
+        val_data: Validation ``ray.data.Dataset``. Required with ``train_data``, but may be
+            None: an explicit choice to train without validation, which ``LightningTrainer``
+            warns about.
         batch_size: Per-worker batch size (default 8).
         num_shuffle_batches: Batches held in Ray Data's local shuffle buffer
             (``num_shuffle_batches * batch_size`` rows); 0 turns shuffling off (default 10).
@@ -57,6 +69,16 @@ class LightningTrainerParam:
         experiment_store: An ``ExperimentStore`` enabling auto-resume across runs.
         profiler_sink: ``sink(trainer, profiler_dir)`` run after ``fit()`` on each node-local
             rank 0 when a profiler is configured.
+        create_datamodule_fn: Instead of ``train_data``/``val_data``: a factory returning a
+            ``LightningDataModule`` of the module's package, called on every worker as
+            ``create_datamodule_fn(**create_datamodule_fn_kwargs)`` and never pickled, like
+            ``create_model_fn``. Lightning then runs it as it always does: ``prepare_data``
+            once per node (once in all with ``prepare_data_per_node=False``), ``setup`` on
+            every rank, and its distributed sampler shards the loaders by Ray's ranks.
+            ``batch_size``, ``num_shuffle_batches`` and ``data_collate_fn`` apply to Ray
+            datasets only; the DataModule's loaders decide those.
+        create_datamodule_fn_kwargs: Keyword arguments for ``create_datamodule_fn``, checked
+            against its signature here.
 
     Raises:
         ValueError: A field has a wrong type or value (the message names field and fix).
@@ -64,8 +86,8 @@ class LightningTrainerParam:
 
     create_model_fn: Callable[..., Any]
     create_model_fn_kwargs: dict[str, Any]
-    train_data: Any
-    val_data: Any
+    train_data: Any = _NOT_GIVEN
+    val_data: Any = _NOT_GIVEN
     batch_size: int = 8
     num_shuffle_batches: int = 10
     num_epochs: int = _UNSET
@@ -77,6 +99,8 @@ class LightningTrainerParam:
     training_observer: Any = None
     experiment_store: Any = None
     profiler_sink: Callable[[Any, str], Any] | None = None
+    create_datamodule_fn: Callable[..., Any] | None = None
+    create_datamodule_fn_kwargs: dict[str, Any] = field(default_factory=dict)
     # Whether num_epochs was passed explicitly (it then overrides the max_epochs default).
     num_epochs_given: bool = field(default=False, init=False, repr=False, compare=False)
 
@@ -104,8 +128,7 @@ class LightningTrainerParam:
         check_kwargs(self.create_model_fn, self.create_model_fn_kwargs,
                      label="LightningTrainerParam.create_model_fn_kwargs",
                      target=f"create_model_fn {_describe_factory(self.create_model_fn)}")
-        _check_dataset("train_data", self.train_data, optional=False)
-        _check_dataset("val_data", self.val_data, optional=True)
+        self._check_data_source()
         _check_count("batch_size", self.batch_size, minimum=1, fix="pass an int >= 1")
         _check_count("num_shuffle_batches", self.num_shuffle_batches, minimum=0,
                      fix="pass an int >= 0 (0 turns shuffling off)")
@@ -129,6 +152,60 @@ class LightningTrainerParam:
                     IncrementalTrainingSpec)
         self._check_observer()
         self._check_store()
+
+    @property
+    def uses_datamodule(self) -> bool:
+        """Whether the data comes from ``create_datamodule_fn`` (not from Ray datasets)."""
+        return self.create_datamodule_fn is not None
+
+    def _check_data_source(self) -> None:
+        """Ray datasets or a DataModule factory: exactly one of the two."""
+        if self.create_datamodule_fn_kwargs is None:
+            object.__setattr__(self, "create_datamodule_fn_kwargs", {})
+        _check_dict("create_datamodule_fn_kwargs", self.create_datamodule_fn_kwargs)
+        given = [name for name in ("train_data", "val_data")
+                 if getattr(self, name) is not _NOT_GIVEN]
+        if self.create_datamodule_fn is None:
+            if self.create_datamodule_fn_kwargs:
+                raise InputError(
+                    "LightningTrainerParam.create_datamodule_fn_kwargs="
+                    f"{self.create_datamodule_fn_kwargs!r} is set without "
+                    "create_datamodule_fn. Fix: pass create_datamodule_fn too, or drop the "
+                    "kwargs.")
+            if not given:
+                raise InputError(
+                    "LightningTrainerParam has no data: neither train_data/val_data nor "
+                    "create_datamodule_fn is set. Fix: pass train_data=<ray.data.Dataset> and "
+                    "val_data=<ray.data.Dataset or None>, or create_datamodule_fn=<a function "
+                    "returning a LightningDataModule>.")
+            if "val_data" not in given:
+                raise InputError(
+                    "LightningTrainerParam.val_data is required with train_data. Fix: pass a "
+                    "validation ray.data.Dataset, or val_data=None to train without validation.")
+            _check_dataset("train_data", self.train_data, optional=False)
+            _check_dataset("val_data", self.val_data, optional=True)
+            return
+        if given:
+            passed = " and ".join(f"{name}={getattr(self, name)!r}" for name in given)
+            raise InputError(
+                f"LightningTrainerParam has both create_datamodule_fn="
+                f"{_describe_factory(self.create_datamodule_fn)} and {passed}: the data must "
+                "come from one of them. Fix: drop train_data/val_data and let the DataModule's "
+                "train_dataloader()/val_dataloader() give the data, or drop "
+                "create_datamodule_fn.")
+        if not callable(self.create_datamodule_fn):
+            raise InputError(
+                f"LightningTrainerParam.create_datamodule_fn must be callable, got "
+                f"{self.create_datamodule_fn!r}. Fix: pass a function (or the class) that "
+                "returns a LightningDataModule.")
+        check_kwargs(self.create_datamodule_fn, self.create_datamodule_fn_kwargs,
+                     label="LightningTrainerParam.create_datamodule_fn_kwargs",
+                     target=f"create_datamodule_fn {_describe_factory(self.create_datamodule_fn)}")
+        if self.data_collate_fn is not None:
+            raise InputError(
+                f"LightningTrainerParam.data_collate_fn={self.data_collate_fn!r} applies to Ray "
+                "datasets only, and this run's data comes from create_datamodule_fn. Fix: give "
+                "the DataModule's DataLoader a collate_fn instead.")
 
     @property
     def shuffle_buffer_rows(self) -> int | None:

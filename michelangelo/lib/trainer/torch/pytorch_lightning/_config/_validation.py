@@ -24,6 +24,8 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._config._trainer_probe imp
 _SHIPPED_FIELDS = (
     "create_model_fn",
     "create_model_fn_kwargs",
+    "create_datamodule_fn",
+    "create_datamodule_fn_kwargs",
     "data_collate_fn",
     "training_observer",
     "experiment_store",

@@ -41,6 +41,10 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start import (
     run_after_configure,
     stage_on_worker,
 )
+from michelangelo.lib.trainer.torch.pytorch_lightning._worker._datamodule import (
+    MeasuredBatchSize,
+    build_datamodule,
+)
 from michelangelo.lib.trainer.torch.pytorch_lightning._worker._reporting import (
     CHECKPOINT_NAME,
     EpochEndReport,
@@ -76,7 +80,8 @@ class WorkerSpec:
     experiment_dir: str | None
     seed_checkpoint: str | None
     profiler_sink: Callable[[Any, str], Any] | None
-    global_batch_size: int
+    # None with a DataModule: its loaders decide, and MeasuredBatchSize reads it on the worker.
+    global_batch_size: int | None
     # In-memory ingest (see _ingest._inmemory_data): decided on the driver, the same for every rank.
     in_memory: bool = False
     shuffle_seed: int = 0
@@ -93,6 +98,11 @@ class WorkerSpec:
     shard_blocks: dict[str, list[list[Any]]] | None = None
     # With shard_blocks, the driver's Ray Data context, which Ray Train then does not carry over.
     data_context: Any = None
+    # The driver's ``seed_everything(seed, workers=...)``: (seed, workers), or None when unseeded.
+    seed: tuple[int, bool] | None = None
+    # The data as a LightningDataModule (see _datamodule), instead of Ray datasets.
+    create_datamodule_fn: Callable[..., Any] | None = None
+    create_datamodule_fn_kwargs: dict[str, Any] | None = None
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -112,28 +122,48 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     if rank == 0 and spec.experiment_store is not None and spec.experiment_dir:
         _track(spec)
+    _seed_as_the_driver(spec)
     model, start_callbacks = _build_model(spec, rank, world_size)
-    train_iter, val_iter = _iterables(spec, world_size)
-    trainer, profiler_dir = _build_trainer(spec, context)
+    trainer, profiler_dir, reporter = _build_trainer(spec, context)
     trainer.callbacks.extend(start_callbacks)
     progress = [c for c in trainer.callbacks if isinstance(c, ProgressReport)]
     for callback in progress:
         callback.marks["loop_start"] = loop_started
-    if rank == 0:
-        logger.info("global batch size = %d (per-device %d x %d workers x %d accumulation)",
-                    spec.global_batch_size, spec.batch_size, world_size,
-                    spec.resolved.accumulate_grad_batches)
-        for lg in trainer.loggers:
-            with contextlib.suppress(Exception):  # a logger without hparams support
-                lg.log_hyperparams({"global_batch_size": spec.global_batch_size})
+    if spec.create_datamodule_fn is not None:
+        data = {"datamodule": build_datamodule(
+            spec.create_datamodule_fn, spec.create_datamodule_fn_kwargs or {},
+            spec.resolved.package)}
+        trainer.callbacks.insert(0, MeasuredBatchSize(
+            world_size, spec.resolved.accumulate_grad_batches, reporter.extra_metrics, progress))
+    else:
+        train_iter, val_iter = _iterables(spec, world_size)
+        data = {"train_dataloaders": train_iter, "val_dataloaders": val_iter}
+        if rank == 0:
+            logger.info("global batch size = %d (per-device %d x %d workers x %d accumulation)",
+                        spec.global_batch_size, spec.batch_size, world_size,
+                        spec.resolved.accumulate_grad_batches)
+            for lg in trainer.loggers:
+                with contextlib.suppress(Exception):  # a logger without hparams support
+                    lg.log_hyperparams({"global_batch_size": spec.global_batch_size})
     with _resume_checkpoint(spec) as ckpt_path:
         if ckpt_path and rank == 0:
             logger.info("Resuming from %s", ckpt_path)
-        trainer.fit(model, train_dataloaders=train_iter, val_dataloaders=val_iter,
-                    ckpt_path=ckpt_path)
+        trainer.fit(model, ckpt_path=ckpt_path, **data)
     for callback in progress:
         callback.finish(trainer)
     _run_profiler_sink(spec, trainer, profiler_dir, context)
+
+
+def _seed_as_the_driver(spec: WorkerSpec) -> None:
+    """Repeat the driver's ``seed_everything`` here, before the model is built.
+
+    Lightning's own launchers start each rank with the seed in its environment; Ray's workers
+    do not inherit the driver's, so without this every rank would start unseeded.
+    """
+    if spec.seed is None:
+        return
+    seed, workers = spec.seed
+    load(spec.resolved.package).seed_everything(seed, workers=workers, verbose=False)
 
 
 def _track(spec: WorkerSpec) -> None:
@@ -242,7 +272,7 @@ def _in_memory_iterables(spec: WorkerSpec) -> tuple[InMemoryBatches, InMemoryBat
     return train, val
 
 
-def _build_trainer(spec: WorkerSpec, context: Any) -> tuple[Any, str]:
+def _build_trainer(spec: WorkerSpec, context: Any) -> tuple[Any, str, Reporter]:
     from michelangelo.lib.trainer.torch.pytorch_lightning._strategies import ray_lightning
 
     pl = load(spec.resolved.package)
@@ -250,8 +280,9 @@ def _build_trainer(spec: WorkerSpec, context: Any) -> tuple[Any, str]:
     resolved = spec.resolved
     kwargs = dict(resolved.trainer_kwargs)
     callbacks = list(kwargs.pop("callbacks", []))
-    reporter = Reporter(spec.experiment_dir, spec.observer,
-                        {"global_batch_size": spec.global_batch_size})
+    measured = {} if spec.global_batch_size is None else {
+        "global_batch_size": spec.global_batch_size}
+    reporter = Reporter(spec.experiment_dir, spec.observer, measured)
     if not report_on_model_checkpoint(callbacks, reporter):
         callbacks.append(EpochEndReport(reporter))
     callbacks += _observing_callbacks(spec, context)
@@ -276,7 +307,7 @@ def _build_trainer(spec: WorkerSpec, context: Any) -> tuple[Any, str]:
     )
     if resolved.strategy.ray_prepared:
         trainer = ray_pl.prepare_trainer(trainer)
-    return trainer, profiler_dir
+    return trainer, profiler_dir, reporter
 
 
 def _observing_callbacks(spec: WorkerSpec, context: Any) -> list[Any]:

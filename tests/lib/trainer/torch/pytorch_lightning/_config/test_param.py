@@ -6,6 +6,7 @@ import dataclasses
 import warnings
 
 import pytest
+import pytorch_lightning as pl
 from _models import create_tiny_model
 
 from michelangelo.lib.trainer.torch.pytorch_lightning import (
@@ -38,11 +39,67 @@ def test_guide_defaults(data):
     assert make(data, num_shuffle_batches=0).shuffle_buffer_rows is None
 
 
-def test_required_fields_are_required():
+def test_required_fields_are_required(data):
     required = [f.name for f in dataclasses.fields(LightningTrainerParam)
                 if f.init and f.default is dataclasses.MISSING
                 and f.default_factory is dataclasses.MISSING]
-    assert required == ["create_model_fn", "create_model_fn_kwargs", "train_data", "val_data"]
+    # train_data and val_data are required too, unless a DataModule gives the data; they have
+    # a default only so that a DataModule run can leave them out.
+    assert required == ["create_model_fn", "create_model_fn_kwargs"]
+    fields = [f.name for f in dataclasses.fields(LightningTrainerParam)]
+    assert fields[:4] == ["create_model_fn", "create_model_fn_kwargs", "train_data", "val_data"]
+    train, _ = data
+    with pytest.raises(ValueError, match=r"val_data is required with train_data.*val_data=None"):
+        LightningTrainerParam(create_model_fn=create_tiny_model, create_model_fn_kwargs={},
+                              train_data=train)
+    with pytest.raises(ValueError, match=r"has no data.*train_data=.*create_datamodule_fn="):
+        LightningTrainerParam(create_model_fn=create_tiny_model, create_model_fn_kwargs={})
+
+
+class RegressionData(pl.LightningDataModule):
+    def __init__(self, rows: int = 16, batch_size: int = 4):
+        super().__init__()
+        self.save_hyperparameters()
+
+
+def test_a_datamodule_replaces_the_datasets():
+    param = LightningTrainerParam(create_model_fn=create_tiny_model, create_model_fn_kwargs={},
+                                  create_datamodule_fn=RegressionData,
+                                  create_datamodule_fn_kwargs={"rows": 32})
+    assert param.uses_datamodule
+    assert param.create_datamodule_fn_kwargs == {"rows": 32}
+
+
+@pytest.mark.parametrize("given", [("train_data",), ("val_data",), ("train_data", "val_data")])
+def test_datasets_and_a_datamodule_together_are_refused(data, given):
+    values = dict(zip(("train_data", "val_data"), data, strict=True))
+    with pytest.raises(ValueError) as refused:
+        LightningTrainerParam(create_model_fn=create_tiny_model, create_model_fn_kwargs={},
+                              create_datamodule_fn=RegressionData,
+                              **{name: values[name] for name in given})
+    message = str(refused.value)
+    assert "both create_datamodule_fn=RegressionData(rows=16, batch_size=4)" in message
+    for name in given:
+        assert f"{name}=" in message
+    assert "Fix: drop train_data/val_data" in message
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"create_datamodule_fn": 3}, r"create_datamodule_fn must be callable, got 3"),
+        ({"create_datamodule_fn_kwargs": {"rows": 4}},
+         r"create_datamodule_fn_kwargs=\{'rows': 4\} is set without create_datamodule_fn"),
+        ({"create_datamodule_fn": RegressionData, "create_datamodule_fn_kwargs": {"row": 4}},
+         r"create_datamodule_fn_kwargs.*'row'"),
+        ({"create_datamodule_fn": RegressionData, "data_collate_fn": lambda b: b},
+         r"data_collate_fn=.*applies to Ray datasets only.*DataLoader a collate_fn"),
+    ],
+)
+def test_datamodule_fields_are_checked(kwargs, expected):
+    with pytest.raises(ValueError, match=expected):
+        LightningTrainerParam(create_model_fn=create_tiny_model, create_model_fn_kwargs={},
+                              **kwargs)
 
 
 def test_num_epochs_is_deprecated_but_kept(data):
