@@ -163,3 +163,31 @@ def test_a_hand_written_ray_train_loop_with_rays_lightning_classes(local_ray, tm
     assert [r["world_size"] for r in records] == [2, 2]
     assert "val/loss" in result.metrics
     assert result.checkpoint is not None
+
+
+def test_the_datamodule_example_runs_as_a_user_runs_it(tmp_path):
+    """``examples/trainer/train_datamodule.py``, a subprocess in this install, as a user runs it.
+
+    The example writes its DataModule with ``import lightning as L``; the run's console shows
+    Lightning's own step count for the DataModule's loaders, and the global batch size the
+    workers measured from them.
+    """
+    import subprocess
+
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parents[5])
+    script = os.path.join(root, "examples", "trainer", "train_datamodule.py")
+    env = dict(os.environ, UF_STORAGE_URL=str(tmp_path / "uniflow"))
+    proc = subprocess.run([sys.executable, script, str(tmp_path / "data")], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=480)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-6000:]
+    result = json.loads(proc.stdout.split("result: ", 1)[1].splitlines()[0])
+    # 1024 rows, a fifth held out: 820 train rows, 410 per worker, 13 batches of 32 per epoch.
+    assert result["step"] == 39
+    assert result["global_batch_size"] == 64  # 32 per worker x 2 workers
+    assert result["val/loss"] < 0.5
+    assert os.path.exists(os.path.join(result["checkpoint_path"], "checkpoint.ckpt"))
+    assert "step 39/39" in output and "rows/s" in output, output[-3000:]
+    assert (tmp_path / "data" / "regression-1024.npz").exists()
