@@ -6,6 +6,9 @@ import copy
 import dataclasses
 import logging
 import os
+import posixpath
+import sys
+import uuid
 import warnings
 from typing import Any
 
@@ -163,6 +166,10 @@ class LightningTrainer(TorchTrainer):
             spec = self._worker_spec()
             spec = dataclasses.replace(spec, progress_key=progress_key,
                                        metrics_url=_metrics_url(self.run_config, spec))
+            if self._resolved.trainer_kwargs.get("fast_dev_run"):
+                spec = dataclasses.replace(
+                    spec, debug_metrics_key=f"fast-dev-run-{uuid.uuid4().hex}")
+            self._debug_metrics_key = spec.debug_metrics_key
             datasets = self.datasets
             workers = self.scaling_config.num_workers
             if (spec.in_memory and isinstance(workers, int) and datasets
@@ -210,15 +217,44 @@ class LightningTrainer(TorchTrainer):
         """
         if run_config is not None:
             self._override_run_config(run_config)
+        self._debug_metrics_key = None
         result = self.fit()
         metrics = dict(result.metrics or {})
+        if self._debug_metrics_key is not None:  # a fast_dev_run: no checkpoint carried them
+            from michelangelo.lib.trainer.torch.pytorch_lightning._worker import (
+                take_debug_metrics,
+            )
+
+            metrics = {**take_debug_metrics(self._debug_metrics_key), **metrics}
         if self.global_batch_size is not None:  # else the workers measured it (a DataModule)
             metrics["global_batch_size"] = self.global_batch_size
         checkpoint_path = result.checkpoint.path if result.checkpoint is not None else None
+        self._say_what_the_flags_did(checkpoint_path)
         observer = self.trainer_param.training_observer
         if observer is not None:
             observer.on_result(dict(metrics), checkpoint_path)
         return {"checkpoint_path": checkpoint_path, "path": result.path, "metrics": metrics}
+
+    def _say_what_the_flags_did(self, checkpoint_path: str | None) -> None:
+        """After a run with Lightning's debugging flags: what they left, and where."""
+        kwargs = self._resolved.trainer_kwargs
+        fast = kwargs.get("fast_dev_run")
+        if fast and checkpoint_path is None:
+            warnings.warn(
+                f"lightning_trainer_kwargs['fast_dev_run']={fast!r}: Lightning ran "
+                f"{1 if fast is True else fast} batch(es) through every hook and wrote no "
+                "checkpoint (a fast_dev_run turns checkpointing and loggers off), so "
+                "checkpoint_path is None; the metrics are the debug run's. Fix: remove "
+                "fast_dev_run for a real run.", UserWarning, stacklevel=3)
+        url = self._profiler_url()
+        if url is not None:
+            workers = self.scaling_config.num_workers
+            message = (f"[michelangelo] profiler reports, one folder per rank: {url}/rank-<r>/ "
+                       f"(rank-0 ... rank-{max(int(workers), 1) - 1})"
+                       if isinstance(workers, int) else
+                       f"[michelangelo] profiler reports, one folder per rank: {url}/rank-<r>/")
+            logger.info(message)
+            print(message, file=sys.stderr)
 
     def _override_run_config(self, run_config: RunConfig) -> None:
         from ray.train.v2._internal.execution.context import TrainRunContext
@@ -269,6 +305,15 @@ class LightningTrainer(TorchTrainer):
         self._memory_estimate = check_memory(count_meta_parameters(model),
                                              self._resolved.strategy, scaling_config)
 
+    def _profiler_url(self) -> str | None:
+        """``<storage>/<name>/profiler``, where each rank keeps its report; None: no profiler."""
+        if self._resolved.profiler is None:
+            return None
+        from ray.train.constants import DEFAULT_STORAGE_PATH
+
+        storage = str(self.run_config.storage_path or DEFAULT_STORAGE_PATH).rstrip("/")
+        return posixpath.join(storage, str(self.run_config.name), "profiler")
+
     def _check_capacity(self) -> None:
         from michelangelo.uniflow.plugins.ray import check_fits, current_shape
 
@@ -314,6 +359,7 @@ class LightningTrainer(TorchTrainer):
             memory_check=self._deferred_memory_check,
             initial_weights_stage=self._weights_stage,
             seed=_driver_seed(),
+            profiler_url=self._profiler_url(),
             create_datamodule_fn=param.create_datamodule_fn,
             create_datamodule_fn_kwargs=dict(param.create_datamodule_fn_kwargs),
         )

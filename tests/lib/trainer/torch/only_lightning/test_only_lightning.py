@@ -173,7 +173,6 @@ def test_the_datamodule_example_runs_as_a_user_runs_it(tmp_path):
     workers measured from them.
     """
     import subprocess
-
     from pathlib import Path
 
     root = str(Path(__file__).resolve().parents[5])

@@ -16,11 +16,15 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._worker._profiler_sinks im
     mlflow_profiler_sink,
 )
 from michelangelo.lib.trainer.torch.pytorch_lightning._worker._progress import watch_progress
+from michelangelo.lib.trainer.torch.pytorch_lightning._worker._reporting import (
+    take_debug_metrics,
+)
 
 __all__ = [
     "WorkerSpec",
     "comet_profiler_sink",
     "mlflow_profiler_sink",
+    "take_debug_metrics",
     "train_loop_per_worker",
     "watch_progress",
 ]

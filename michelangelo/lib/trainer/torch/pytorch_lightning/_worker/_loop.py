@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -48,6 +49,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._worker._datamodule import
 from michelangelo.lib.trainer.torch.pytorch_lightning._worker._reporting import (
     CHECKPOINT_NAME,
     EpochEndReport,
+    MetricsOnlyReport,
     Reporter,
     report_on_model_checkpoint,
 )
@@ -100,6 +102,10 @@ class WorkerSpec:
     data_context: Any = None
     # The driver's ``seed_everything(seed, workers=...)``: (seed, workers), or None when unseeded.
     seed: tuple[int, bool] | None = None
+    # With fast_dev_run: where rank 0 leaves the metrics for the driver (see MetricsOnlyReport).
+    debug_metrics_key: str | None = None
+    # Where each rank's profiler report is kept: <storage>/<name>/profiler (None: no profiler).
+    profiler_url: str | None = None
     # The data as a LightningDataModule (see _datamodule), instead of Ray datasets.
     create_datamodule_fn: Callable[..., Any] | None = None
     create_datamodule_fn_kwargs: dict[str, Any] | None = None
@@ -151,6 +157,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         trainer.fit(model, ckpt_path=ckpt_path, **data)
     for callback in progress:
         callback.finish(trainer)
+    _keep_profiler_report(spec, profiler_dir, context)
     _run_profiler_sink(spec, trainer, profiler_dir, context)
 
 
@@ -230,7 +237,7 @@ def _iterables(spec: WorkerSpec, world_size: int) -> tuple[Any, Any]:
         ray.train.get_dataset_shard("train"),
         rows_per_worker(spec.train_rows, world_size),
         spec.batch_size,
-        spec.shuffle_buffer_rows,
+        spec.shuffle_buffer_rows if _shuffles(spec) else None,
         spec.collate_fn,
     )
     val = None
@@ -243,6 +250,13 @@ def _iterables(spec: WorkerSpec, world_size: int) -> tuple[Any, Any]:
             spec.collate_fn,
         )
     return train, val
+
+
+def _shuffles(spec: WorkerSpec) -> bool:
+    """Whether the training batches are shuffled: not with ``overfit_batches``, which must see
+    the same batches every epoch (Lightning turns a DataLoader's shuffling off there too)."""
+    return (spec.shuffle_buffer_rows is not None
+            and not spec.resolved.trainer_kwargs.get("overfit_batches"))
 
 
 def _in_memory_iterables(spec: WorkerSpec) -> tuple[InMemoryBatches, InMemoryBatches | None]:
@@ -260,7 +274,7 @@ def _in_memory_iterables(spec: WorkerSpec) -> tuple[InMemoryBatches, InMemoryBat
 
     train = InMemoryBatches(
         drain("train"), spec.batch_size,
-        shuffle=spec.shuffle_buffer_rows is not None, seed=spec.shuffle_seed, rank=rank,
+        shuffle=_shuffles(spec), seed=spec.shuffle_seed, rank=rank,
         collate_fn=spec.collate_fn, pin_memory=pin,
     )
     val = None
@@ -283,18 +297,25 @@ def _build_trainer(spec: WorkerSpec, context: Any) -> tuple[Any, str, Reporter]:
     measured = {} if spec.global_batch_size is None else {
         "global_batch_size": spec.global_batch_size}
     reporter = Reporter(spec.experiment_dir, spec.observer, measured)
-    if not report_on_model_checkpoint(callbacks, reporter):
+    if kwargs.get("fast_dev_run"):
+        # Lightning turns checkpointing off for a fast_dev_run; report its metrics only.
+        callbacks.append(MetricsOnlyReport(reporter, spec.debug_metrics_key or "fast_dev_run"))
+    elif not report_on_model_checkpoint(callbacks, reporter):
         callbacks.append(EpochEndReport(reporter))
     callbacks += _observing_callbacks(spec, context)
     plugins = kwargs.pop("plugins", None) or []
     plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
     plugins.append(ray_pl.environment())
+    # The node's profiler folder, one subfolder per rank (Lightning names its files by local
+    # rank only, and a retry appends to files of the same name: each attempt starts afresh).
     profiler_dir = os.path.join(
         tempfile.gettempdir(), "michelangelo", str(context.get_experiment_name()), "profiler_logs"
     )
     if resolved.profiler is not None:
-        os.makedirs(profiler_dir, exist_ok=True)
-        kwargs["profiler"] = resolved.profiler.build(profiler_dir)
+        rank_dir = os.path.join(profiler_dir, f"rank-{context.get_world_rank()}")
+        shutil.rmtree(rank_dir, ignore_errors=True)
+        os.makedirs(rank_dir, exist_ok=True)
+        kwargs["profiler"] = resolved.profiler.build(rank_dir)
     if resolved.logger.given:
         kwargs["logger"] = resolved.logger.build()
     kwargs.setdefault("accelerator", "auto")
@@ -355,6 +376,30 @@ def _local_copy(url: str) -> Iterator[str]:
     with tempfile.TemporaryDirectory(prefix="michelangelo-seed-") as tmp:
         fs.get(path.rstrip("/") + "/", tmp, recursive=True)
         yield tmp
+
+
+def _keep_profiler_report(spec: WorkerSpec, profiler_dir: str, context: Any) -> None:
+    """Copy this rank's profiler output to ``<storage>/<name>/profiler/rank-<r>/``."""
+    if spec.resolved.profiler is None or not spec.profiler_url:
+        return
+    import fsspec
+
+    rank = context.get_world_rank()
+    local = os.path.join(profiler_dir, f"rank-{rank}")
+    target = f"{spec.profiler_url.rstrip('/')}/rank-{rank}"
+    try:
+        files = [os.path.join(d, f) for d, _, names in os.walk(local) for f in names]
+        if not files:
+            logger.warning("rank %d: the profiler wrote no report under %s", rank, local)
+            return
+        fs, path = fsspec.core.url_to_fs(target)
+        fs.makedirs(path, exist_ok=True)
+        for file in files:
+            relative = os.path.relpath(file, local).replace(os.sep, "/")
+            fs.put_file(file, f"{path.rstrip('/')}/{relative}")
+        logger.info("rank %d: profiler report (%d file(s)) kept at %s", rank, len(files), target)
+    except Exception:  # noqa: BLE001 - keeping the report must not fail a finished run
+        logger.exception("rank %d: could not copy the profiler report to %s", rank, target)
 
 
 def _run_profiler_sink(spec: WorkerSpec, trainer: Any, profiler_dir: str, context: Any) -> None:

@@ -27,7 +27,8 @@ logger = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = "checkpoint.ckpt"
 
-__all__ = ["CHECKPOINT_NAME", "EpochEndReport", "Reporter", "report_on_model_checkpoint"]
+__all__ = ["CHECKPOINT_NAME", "EpochEndReport", "MetricsOnlyReport", "Reporter",
+           "report_on_model_checkpoint", "take_debug_metrics"]
 
 
 def _dir_name() -> str:
@@ -97,6 +98,47 @@ class Reporter:
             self.observer.on_checkpoint_saved(
                 metrics["epoch"], metrics["step"], dict(metrics), path
             )
+
+
+_DEBUG_NAMESPACE = "michelangelo_debug_metrics"
+
+
+class MetricsOnlyReport(Callback):
+    """Hand the metrics, without a checkpoint, to the driver once training ends.
+
+    For a ``fast_dev_run``, which writes no checkpoint. Ray Train keeps a run's metrics with
+    its checkpoints only, so global rank 0 puts them in Ray's key-value store under ``key``,
+    where :func:`take_debug_metrics` finds them on the driver.
+    """
+
+    def __init__(self, reporter: Reporter, key: str) -> None:
+        self.reporter = reporter
+        self.key = key
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        import json
+
+        from ray.experimental import internal_kv
+
+        if trainer.is_global_zero:
+            metrics = {k: v for k, v in self.reporter.metrics(trainer).items()
+                       if isinstance(v, int | float | str | bool)}
+            internal_kv._internal_kv_put(self.key, json.dumps(metrics), overwrite=True,
+                                         namespace=_DEBUG_NAMESPACE)
+
+
+def take_debug_metrics(key: str) -> dict[str, Any]:
+    """The metrics a :class:`MetricsOnlyReport` left under ``key`` (removed), or ``{}``."""
+    import json
+
+    from ray.experimental import internal_kv
+
+    try:
+        raw = internal_kv._internal_kv_get(key, namespace=_DEBUG_NAMESPACE)
+        internal_kv._internal_kv_del(key, namespace=_DEBUG_NAMESPACE)
+    except Exception:  # noqa: BLE001 - no Ray connection: nothing was left
+        return {}
+    return json.loads(raw) if raw else {}
 
 
 class EpochEndReport(Callback):
