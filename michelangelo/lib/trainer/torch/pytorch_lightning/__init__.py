@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         LightningTrainerParam,
         TrainingObserver,
     )
+    from michelangelo.lib.trainer.torch.pytorch_lightning._errors import TrainingStalledError
     from michelangelo.lib.trainer.torch.pytorch_lightning._state_dict import (
         LightningTrainerWithStateDict,
     )
@@ -57,6 +58,7 @@ _LAZY = {
     "ModelSpec": "schema",
     "RayModelParallelStrategy": "_strategies",
     "TrainingObserver": "_config",
+    "TrainingStalledError": "_errors",
     "TransferLearningMetadata": "schema",
     "TransferLearningSpec": "schema",
     "comet_profiler_sink": "_worker",
@@ -77,6 +79,7 @@ __all__ = [
     "ModelSpec",
     "RayModelParallelStrategy",
     "TrainingObserver",
+    "TrainingStalledError",
     "TransferLearningMetadata",
     "TransferLearningSpec",
     "comet_profiler_sink",

@@ -29,6 +29,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._config import (
     count_meta_parameters,
     resolve_lightning_kwargs,
 )
+from michelangelo.lib.trainer.torch.pytorch_lightning._errors import TrainingStalledError
 from michelangelo.lib.trainer.torch.pytorch_lightning._ingest import (
     plan_ingest,
     shuffle_seed,
@@ -165,7 +166,9 @@ class LightningTrainer(TorchTrainer):
         with watch_progress(_progress_label()) as progress_key:
             spec = self._worker_spec()
             spec = dataclasses.replace(spec, progress_key=progress_key,
-                                       metrics_url=_metrics_url(self.run_config, spec))
+                                       metrics_url=_metrics_url(self.run_config, spec),
+                                       fit_token=uuid.uuid4().hex[:12],
+                                       stall_timeout_s=self.trainer_param.stall_timeout_s)
             if self._resolved.trainer_kwargs.get("fast_dev_run"):
                 spec = dataclasses.replace(
                     spec, debug_metrics_key=f"fast-dev-run-{uuid.uuid4().hex}")
@@ -186,6 +189,9 @@ class LightningTrainer(TorchTrainer):
             try:
                 with fast_polling(), restored_sigint():
                     return super().fit()
+            except Exception as error:
+                _raise_if_stalled(error, spec, self.scaling_config)
+                raise
             finally:
                 self.datasets = datasets
 
@@ -363,6 +369,34 @@ class LightningTrainer(TorchTrainer):
             create_datamodule_fn=param.create_datamodule_fn,
             create_datamodule_fn_kwargs=dict(param.create_datamodule_fn_kwargs),
         )
+
+
+def _raise_if_stalled(error: Exception, spec: WorkerSpec, scaling_config: ScalingConfig) -> None:
+    """Raise one ``TrainingStalledError`` when the ranks' watchdogs ended the run."""
+    from michelangelo.lib.trainer.torch.pytorch_lightning._worker import stalled_ranks
+
+    workers = scaling_config.num_workers
+    workers = workers[1] if isinstance(workers, tuple) else workers
+    records = stalled_ranks(spec.fit_token, max(int(workers), 1))
+    if not records:
+        return
+    lines = []
+    for record in sorted(records, key=lambda r: r["rank"]):
+        where = record.get("user_line") or "outside your code (see its stack below)"
+        lines.append(f"  rank {record['rank']}: {where} (no progress for {record['idle_s']:.0f} "
+                     f"s, since {record['last_progress']})")
+    stacks = "\n".join(f"--- rank {r['rank']} ---\n{r['stack']}"
+                       for r in sorted(records, key=lambda r: r["rank"]))
+    raise TrainingStalledError(
+        f"Training stalled: the ranks stopped stepping together, and the fit made no progress "
+        f"for stall_timeout_s={spec.stall_timeout_s:g} s. Where each rank was blocked:\n"
+        + "\n".join(lines) + "\n"
+        "This is almost always a collective that only some ranks reach: self.log(..., "
+        "sync_dist=True), all_gather or a barrier under `if self.global_rank == 0`, or a "
+        "different number of batches per rank. Fix: run the same collectives on every rank (log "
+        "on all ranks, or use rank_zero_only=True without sync_dist); if one step really takes "
+        "this long, raise LightningTrainerParam.stall_timeout_s.\n" + stacks
+    ) from error
 
 
 def _datamodule_class(param: LightningTrainerParam) -> tuple[str, Any] | None:

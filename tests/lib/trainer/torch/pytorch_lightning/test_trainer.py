@@ -73,7 +73,9 @@ class FloatCollate:
 def recording_sink(trainer, profiler_dir):
     record_dir = trainer.lightning_module.record_dir
     with open(os.path.join(record_dir, f"sink-rank{trainer.global_rank}.json"), "w") as handle:
-        json.dump({"dir": profiler_dir, "files": sorted(os.listdir(profiler_dir))}, handle)
+        files = [os.path.relpath(os.path.join(d, f), profiler_dir)
+                 for d, _, names in os.walk(profiler_dir) for f in names]
+        json.dump({"dir": profiler_dir, "files": sorted(files)}, handle)
 
 
 def read_jsonl(path):
@@ -165,7 +167,10 @@ def test_train_returns_keys_exact_schedule_observer_collate_and_profiler(tmp_pat
     with open(sinks[0]) as handle:
         sink = json.load(handle)
     assert os.path.basename(sink["dir"]) == "profiler_logs"
-    assert any("profile" in name for name in sink["files"])
+    # One folder per rank of the node, each with that rank's report.
+    for rank in (0, 1):
+        assert any(name.startswith(f"rank-{rank}{os.sep}") and "profile" in name
+                   for name in sink["files"]), sink["files"]
 
 
 def test_model_checkpoint_monitor_reports_and_native_resume_continues(tmp_path):

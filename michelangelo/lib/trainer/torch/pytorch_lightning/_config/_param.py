@@ -79,6 +79,12 @@ class LightningTrainerParam:
             datasets only; the DataModule's loaders decide those.
         create_datamodule_fn_kwargs: Keyword arguments for ``create_datamodule_fn``, checked
             against its signature here.
+        stall_timeout_s: Seconds a worker's fit may go without progress (a batch, a backward,
+            an optimizer step, a validation batch) before the run fails with
+            ``TrainingStalledError``, naming each rank's line of code (default 300). Ranks that
+            stop stepping together, such as a collective on some ranks only, otherwise wait
+            for the process group's timeout. Raise it for steps or checkpoint saves that take
+            longer; None turns the watchdog off.
 
     Raises:
         ValueError: A field has a wrong type or value (the message names field and fix).
@@ -101,6 +107,7 @@ class LightningTrainerParam:
     profiler_sink: Callable[[Any, str], Any] | None = None
     create_datamodule_fn: Callable[..., Any] | None = None
     create_datamodule_fn_kwargs: dict[str, Any] = field(default_factory=dict)
+    stall_timeout_s: float | None = 300.0
     # Whether num_epochs was passed explicitly (it then overrides the max_epochs default).
     num_epochs_given: bool = field(default=False, init=False, repr=False, compare=False)
 
@@ -129,6 +136,13 @@ class LightningTrainerParam:
                      label="LightningTrainerParam.create_model_fn_kwargs",
                      target=f"create_model_fn {_describe_factory(self.create_model_fn)}")
         self._check_data_source()
+        timeout = self.stall_timeout_s
+        if timeout is not None and (isinstance(timeout, bool)
+                                    or not isinstance(timeout, int | float) or timeout <= 0):
+            raise InputError(
+                f"LightningTrainerParam.stall_timeout_s must be a number of seconds > 0 or "
+                f"None, got {timeout!r}. Fix: e.g. stall_timeout_s=600 for long steps, or None "
+                "to turn the stall watchdog off.")
         _check_count("batch_size", self.batch_size, minimum=1, fix="pass an int >= 1")
         _check_count("num_shuffle_batches", self.num_shuffle_batches, minimum=0,
                      fix="pass an int >= 0 (0 turns shuffling off)")

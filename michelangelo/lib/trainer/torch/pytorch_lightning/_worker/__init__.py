@@ -19,11 +19,13 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._worker._progress import w
 from michelangelo.lib.trainer.torch.pytorch_lightning._worker._reporting import (
     take_debug_metrics,
 )
+from michelangelo.lib.trainer.torch.pytorch_lightning._worker._watchdog import stalled_ranks
 
 __all__ = [
     "WorkerSpec",
     "comet_profiler_sink",
     "mlflow_profiler_sink",
+    "stalled_ranks",
     "take_debug_metrics",
     "train_loop_per_worker",
     "watch_progress",

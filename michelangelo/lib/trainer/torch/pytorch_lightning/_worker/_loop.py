@@ -53,6 +53,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._worker._reporting import 
     Reporter,
     report_on_model_checkpoint,
 )
+from michelangelo.lib.trainer.torch.pytorch_lightning._worker._watchdog import StallWatchdog
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +103,10 @@ class WorkerSpec:
     data_context: Any = None
     # The driver's ``seed_everything(seed, workers=...)``: (seed, workers), or None when unseeded.
     seed: tuple[int, bool] | None = None
+    # Unique to one fit() call: names its scratch folders on the workers' hosts.
+    fit_token: str = "fit"
+    # The stall watchdog's limit (see _watchdog); None turns it off.
+    stall_timeout_s: float | None = None
     # With fast_dev_run: where rank 0 leaves the metrics for the driver (see MetricsOnlyReport).
     debug_metrics_key: str | None = None
     # Where each rank's profiler report is kept: <storage>/<name>/profiler (None: no profiler).
@@ -303,14 +308,17 @@ def _build_trainer(spec: WorkerSpec, context: Any) -> tuple[Any, str, Reporter]:
     elif not report_on_model_checkpoint(callbacks, reporter):
         callbacks.append(EpochEndReport(reporter))
     callbacks += _observing_callbacks(spec, context)
+    if spec.stall_timeout_s is not None:
+        callbacks.append(StallWatchdog(spec.stall_timeout_s, spec.fit_token,
+                                       context.get_world_rank(), context.get_world_size()))
     plugins = kwargs.pop("plugins", None) or []
     plugins = list(plugins) if isinstance(plugins, list | tuple) else [plugins]
     plugins.append(ray_pl.environment())
     # The node's profiler folder, one subfolder per rank (Lightning names its files by local
     # rank only, and a retry appends to files of the same name: each attempt starts afresh).
     profiler_dir = os.path.join(
-        tempfile.gettempdir(), "michelangelo", str(context.get_experiment_name()), "profiler_logs"
-    )
+        tempfile.gettempdir(), "michelangelo", f"{context.get_experiment_name()}-{spec.fit_token}",
+        "profiler_logs")
     if resolved.profiler is not None:
         rank_dir = os.path.join(profiler_dir, f"rank-{context.get_world_rank()}")
         shutil.rmtree(rank_dir, ignore_errors=True)

@@ -36,6 +36,7 @@ def test_guide_defaults(data):
                  "training_observer", "experiment_store", "profiler_sink"):
         assert getattr(param, name) is None, name
     assert param.shuffle_buffer_rows == 80
+    assert param.stall_timeout_s == 300.0
     assert make(data, num_shuffle_batches=0).shuffle_buffer_rows is None
 
 
@@ -137,6 +138,8 @@ def test_param_is_frozen(data):
          "IncrementalTrainingSpec("),
         ({"training_observer": object()}, "training_observer", "on_checkpoint_saved"),
         ({"experiment_store": object()}, "experiment_store", "FsspecExperimentStore"),
+        ({"stall_timeout_s": 0}, "stall_timeout_s", "or None to turn the stall watchdog off"),
+        ({"stall_timeout_s": "5m"}, "stall_timeout_s", "e.g. stall_timeout_s=600"),
     ],
 )
 def test_field_errors_name_field_value_and_fix(data, kwargs, field, fix):
