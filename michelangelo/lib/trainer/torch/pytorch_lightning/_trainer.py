@@ -124,6 +124,8 @@ class LightningTrainer(TorchTrainer):
             datasets["train"] = trainer_param.train_data
             if trainer_param.val_data is not None:
                 datasets["val"] = trainer_param.val_data
+                _warn_uneven_validation(_cheap_count(trainer_param.val_data,
+                                                     self._ingest.val_rows), scaling_config)
         super().__init__(
             train_loop_per_worker=train_loop_per_worker,
             train_loop_config={},
@@ -369,6 +371,32 @@ class LightningTrainer(TorchTrainer):
             create_datamodule_fn=param.create_datamodule_fn,
             create_datamodule_fn_kwargs=dict(param.create_datamodule_fn_kwargs),
         )
+
+
+def _cheap_count(dataset: Any, counted: int | None) -> int | None:
+    """Rows of ``dataset`` when known without running it: counted already, or materialized."""
+    from ray.data.dataset import MaterializedDataset
+
+    if counted is not None:
+        return counted
+    return dataset.count() if isinstance(dataset, MaterializedDataset) else None
+
+
+def _warn_uneven_validation(val_rows: int | None, scaling_config: ScalingConfig) -> None:
+    """One warning when ``val_data`` does not split evenly over the workers (rows left out)."""
+    workers = scaling_config.num_workers
+    if val_rows is None or not isinstance(workers, int) or workers <= 1:
+        return
+    left_out = val_rows % workers
+    if not left_out:
+        return
+    warnings.warn(
+        f"LightningTrainerParam.val_data has {val_rows} rows, which do not split evenly over "
+        f"{workers} workers: every worker validates on {val_rows // workers} rows and "
+        f"{left_out} row(s) are left out of the validation metrics (Ray splits datasets into "
+        f"equal shards). Fix: for exact metrics, give val_data a multiple of {workers} rows "
+        f"(e.g. {val_rows - left_out} or {val_rows - left_out + workers}).",
+        UserWarning, stacklevel=4)
 
 
 def _raise_if_stalled(error: Exception, spec: WorkerSpec, scaling_config: ScalingConfig) -> None:

@@ -42,6 +42,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._warm_start import (
     run_after_configure,
     stage_on_worker,
 )
+from michelangelo.lib.trainer.torch.pytorch_lightning._worker._advice import PracticeWarnings
 from michelangelo.lib.trainer.torch.pytorch_lightning._worker._datamodule import (
     MeasuredBatchSize,
     build_datamodule,
@@ -308,6 +309,7 @@ def _build_trainer(spec: WorkerSpec, context: Any) -> tuple[Any, str, Reporter]:
     elif not report_on_model_checkpoint(callbacks, reporter):
         callbacks.append(EpochEndReport(reporter))
     callbacks += _observing_callbacks(spec, context)
+    callbacks.append(PracticeWarnings())
     if spec.stall_timeout_s is not None:
         callbacks.append(StallWatchdog(spec.stall_timeout_s, spec.fit_token,
                                        context.get_world_rank(), context.get_world_size()))
