@@ -26,6 +26,10 @@ if TYPE_CHECKING:
         TrainingObserver,
     )
     from michelangelo.lib.trainer.torch.pytorch_lightning._errors import TrainingStalledError
+    from michelangelo.lib.trainer.torch.pytorch_lightning._fabric import (
+        FabricTrainer,
+        ray_fabric_kwargs,
+    )
     from michelangelo.lib.trainer.torch.pytorch_lightning._state_dict import (
         LightningTrainerWithStateDict,
     )
@@ -49,6 +53,7 @@ if TYPE_CHECKING:
 # Lightning and Ray Train. (``ModelSpec`` itself lives in ``michelangelo.lib.checkpoints``.)
 _LAZY = {
     "ExperimentStore": "_checkpoints",
+    "FabricTrainer": "_fabric",
     "FsspecExperimentStore": "_checkpoints",
     "IncrementalTrainingSpec": "schema",
     "LearningMode": "schema",
@@ -63,6 +68,7 @@ _LAZY = {
     "TransferLearningSpec": "schema",
     "comet_profiler_sink": "_worker",
     "mlflow_profiler_sink": "_worker",
+    "ray_fabric_kwargs": "_fabric",
 }
 
 
@@ -70,6 +76,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
 
 __all__ = [
     "ExperimentStore",
+    "FabricTrainer",
     "FsspecExperimentStore",
     "IncrementalTrainingSpec",
     "LearningMode",
@@ -84,4 +91,5 @@ __all__ = [
     "TransferLearningSpec",
     "comet_profiler_sink",
     "mlflow_profiler_sink",
+    "ray_fabric_kwargs",
 ]
