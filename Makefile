@@ -87,7 +87,8 @@ k8s-down:
 # binaries build in the background from the start, while the venv installs and the main run
 # goes (a cold build takes many minutes on 2 cores; a warm one returns at once). The KubeRay
 # tests run even when the main run fails (so one failure does not hide the rest), and make
-# still fails if either did. Each step's start is stamped in the log.
+# still fails if either did. Each step's start is stamped in the log; each run's per-test
+# times land in build/junit-*.xml.
 test:
 	@status=0; mkdir -p build; stamp() { echo "[make test $$(date +%H:%M:%S)] $$*"; }; \
 	stamp "bed build starts in the background (build/k8s-build.log)"; \
@@ -96,19 +97,19 @@ test:
 	$(MAKE) --no-print-directory setup $(LIGHTNING_SIDE)/.installed $(ONLY_LIGHTNING)/.installed \
 	  || { kill $$build 2>/dev/null; wait $$build; exit 1; }; \
 	stamp "main test run"; \
-	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider --durations=15 --ignore=tests/uniflow/plugins/ray/kuberay/bed \
+	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider --durations=15 --junitxml=build/junit-main.xml --ignore=tests/uniflow/plugins/ray/kuberay/bed \
 	  || status=$$?; \
 	stamp "lightning_packages run (both packages installed)"; \
-	PYTHONPATH=$(CURDIR)/$(LIGHTNING_SIDE) $(BIN)/python -m pytest -m "lightning_packages and not gpu" -q -p no:cacheprovider \
+	PYTHONPATH=$(CURDIR)/$(LIGHTNING_SIDE) $(BIN)/python -m pytest -m "lightning_packages and not gpu" -q -p no:cacheprovider --junitxml=build/junit-both.xml \
 	  tests/lib/trainer || status=$$?; \
 	stamp "only-lightning run (the lightning package alone)"; \
-	$(ONLY_LIGHTNING)/bin/python -m pytest -m "not gpu" -q -p no:cacheprovider tests/lib/trainer/torch/only_lightning \
+	$(ONLY_LIGHTNING)/bin/python -m pytest -m "not gpu" -q -p no:cacheprovider --junitxml=build/junit-only-lightning.xml tests/lib/trainer/torch/only_lightning \
 	  || status=$$?; \
 	stamp "waiting for the bed build"; \
 	wait $$build || { status=1; tail -n 30 build/k8s-build.log; }; \
 	grep '\[bed-build\]' build/k8s-build.log || true; \
 	stamp "KubeRay bed run"; \
-	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider --durations=15 tests/uniflow/plugins/ray/kuberay/bed || status=$$?; \
+	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider --durations=15 --junitxml=build/junit-bed.xml tests/uniflow/plugins/ray/kuberay/bed || status=$$?; \
 	stamp "done (status $$status)"; \
 	exit $$status
 
