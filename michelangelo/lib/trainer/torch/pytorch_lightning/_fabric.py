@@ -13,7 +13,6 @@ storage for ``fabric.save`` and ``fabric.load``, so that a second run with the s
 from __future__ import annotations
 
 import logging
-import posixpath
 from collections.abc import Callable
 from typing import Any
 
@@ -21,6 +20,7 @@ from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from michelangelo.errors import InputError, InputTypeError
+from michelangelo.lib.trainer.torch.pytorch_lightning._checkpoints import run_output_dir
 from michelangelo.lib.trainer.torch.pytorch_lightning._lightning import installed
 
 logger = logging.getLogger(__name__)
@@ -116,10 +116,7 @@ class FabricTrainer(TorchTrainer):
                 f"FabricTrainer(train_loop_config=...) must be a dict, got "
                 f"{type(train_loop_config).__name__}. Fix: pass a dict (or nothing).")
         run_config = run_config or RunConfig()
-        from ray.train.constants import DEFAULT_STORAGE_PATH
-
-        storage = str(run_config.storage_path or DEFAULT_STORAGE_PATH).rstrip("/")
-        self.checkpoint_dir = posixpath.join(storage, str(run_config.name), "fabric")
+        self.checkpoint_dir = run_output_dir(run_config, "fabric")
         config = {**(train_loop_config or {}), "checkpoint_dir": self.checkpoint_dir}
         super().__init__(train_loop_per_worker, train_loop_config=config,
                          scaling_config=scaling_config or ScalingConfig(),

@@ -6,7 +6,6 @@ import copy
 import dataclasses
 import logging
 import os
-import posixpath
 import sys
 import uuid
 import warnings
@@ -20,6 +19,7 @@ from michelangelo.errors import InputError
 from michelangelo.lib.trainer.torch.pytorch_lightning._checkpoints import (
     experiment_dir_of,
     plan_resume,
+    run_output_dir,
 )
 from michelangelo.lib.trainer.torch.pytorch_lightning._config import (
     DeferredMemoryCheck,
@@ -31,6 +31,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._config import (
 )
 from michelangelo.lib.trainer.torch.pytorch_lightning._errors import TrainingStalledError
 from michelangelo.lib.trainer.torch.pytorch_lightning._ingest import (
+    max_workers,
     plan_ingest,
     shuffle_seed,
     split_for_workers,
@@ -145,9 +146,7 @@ class LightningTrainer(TorchTrainer):
         """
         if self.trainer_param.uses_datamodule:
             return None
-        workers = self.scaling_config.num_workers
-        workers = workers[1] if isinstance(workers, tuple) else workers
-        return (self.trainer_param.batch_size * max(int(workers), 1)
+        return (self.trainer_param.batch_size * max_workers(self.scaling_config)
                 * self._resolved.accumulate_grad_batches)
 
     def fit(self):
@@ -256,11 +255,8 @@ class LightningTrainer(TorchTrainer):
                 "fast_dev_run for a real run.", UserWarning, stacklevel=3)
         url = self._profiler_url()
         if url is not None:
-            workers = self.scaling_config.num_workers
             message = (f"[michelangelo] profiler reports, one folder per rank: {url}/rank-<r>/ "
-                       f"(rank-0 ... rank-{max(int(workers), 1) - 1})"
-                       if isinstance(workers, int) else
-                       f"[michelangelo] profiler reports, one folder per rank: {url}/rank-<r>/")
+                       f"(rank-0 ... rank-{max_workers(self.scaling_config) - 1})")
             logger.info(message)
             print(message, file=sys.stderr)
 
@@ -317,10 +313,7 @@ class LightningTrainer(TorchTrainer):
         """``<storage>/<name>/profiler``, where each rank keeps its report; None: no profiler."""
         if self._resolved.profiler is None:
             return None
-        from ray.train.constants import DEFAULT_STORAGE_PATH
-
-        storage = str(self.run_config.storage_path or DEFAULT_STORAGE_PATH).rstrip("/")
-        return posixpath.join(storage, str(self.run_config.name), "profiler")
+        return run_output_dir(self.run_config, "profiler")
 
     def _check_capacity(self) -> None:
         from michelangelo.uniflow.plugins.ray import check_fits, current_shape
@@ -403,9 +396,7 @@ def _raise_if_stalled(error: Exception, spec: WorkerSpec, scaling_config: Scalin
     """Raise one ``TrainingStalledError`` when the ranks' watchdogs ended the run."""
     from michelangelo.lib.trainer.torch.pytorch_lightning._worker import stalled_ranks
 
-    workers = scaling_config.num_workers
-    workers = workers[1] if isinstance(workers, tuple) else workers
-    records = stalled_ranks(spec.fit_token, max(int(workers), 1))
+    records = stalled_ranks(spec.fit_token, max_workers(scaling_config))
     if not records:
         return
     lines = []

@@ -8,6 +8,7 @@ worker cannot import.
 
 from __future__ import annotations
 
+import os
 import sys
 from types import ModuleType
 from typing import Any
@@ -157,6 +158,15 @@ def tiny_state_dict(hidden_dim: int = 8, fill: float = 0.5) -> dict[str, torch.T
 # group mid-run. Pointing the state API at a closed port makes the query fail, which the cleaner
 # treats as "unknown, keep monitoring". (Worker environment variables, see ``start_test_ray``.)
 ISOLATED_STATE_API = {"RAY_API_SERVER_ADDRESS": "http://127.0.0.1:9"}
+
+# Worker environment variables for the modules that run in both Lightning installs: the
+# workers import what this process imports (its PYTHONPATH, made absolute, which in the
+# lightning_packages run holds the `lightning` package beside the venv), on the isolated state API.
+SAME_IMPORTS_ENV = {
+    "PYTHONPATH": os.pathsep.join(
+        os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p),
+    **ISOLATED_STATE_API,
+}
 
 
 def start_test_ray(num_cpus: int = 4, env_vars: dict[str, str] | None = None) -> None:

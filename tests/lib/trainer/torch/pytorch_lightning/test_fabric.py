@@ -13,7 +13,7 @@ import os
 
 import pytest
 import torch
-from _models import ISOLATED_STATE_API, regression_rows, ship_by_value
+from _models import SAME_IMPORTS_ENV, regression_rows, ship_by_value
 from ray.train import RunConfig, ScalingConfig
 from torch import nn
 
@@ -25,9 +25,7 @@ ship_by_value(__name__)
 
 pytestmark = [pytest.mark.lightning_packages, pytest.mark.usefixtures("ray_cluster")]
 RAY_NUM_CPUS = 3
-RAY_ENV_VARS = {"PYTHONPATH": os.pathsep.join(
-    os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p),
-    **ISOLATED_STATE_API}
+RAY_ENV_VARS = SAME_IMPORTS_ENV
 
 
 def fabric_loop(config):

@@ -15,7 +15,7 @@ import os
 import numpy as np
 import pytest
 import torch
-from _models import ISOLATED_STATE_API, ship_by_value
+from _models import SAME_IMPORTS_ENV, ship_by_value
 from ray.train import CheckpointConfig, RunConfig, ScalingConfig
 
 from michelangelo.lib.trainer.torch.pytorch_lightning import (
@@ -41,9 +41,7 @@ ship_by_value(__name__)
 
 pytestmark = [pytest.mark.lightning_packages, pytest.mark.usefixtures("ray_cluster")]
 RAY_NUM_CPUS = 3
-RAY_ENV_VARS = {"PYTHONPATH": os.pathsep.join(
-    os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p),
-    **ISOLATED_STATE_API}
+RAY_ENV_VARS = SAME_IMPORTS_ENV
 
 VOCAB, SEQ_LEN = 64, 16
 MAX_STEPS, ACCUMULATE, BATCH = 6, 2, 2

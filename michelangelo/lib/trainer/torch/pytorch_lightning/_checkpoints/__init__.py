@@ -14,6 +14,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._checkpoints._resume impor
     ResumePlan,
     experiment_dir_of,
     plan_resume,
+    run_output_dir,
 )
 
 __all__ = [
@@ -23,4 +24,5 @@ __all__ = [
     "experiment_dir_of",
     "latest_checkpoint_dir",
     "plan_resume",
+    "run_output_dir",
 ]

@@ -22,7 +22,7 @@ SNAPSHOT = "checkpoint_manager_snapshot.json"
 # "ray_train_run-<date>" (so it never resumes) and the storage path Ray's default.
 _GENERATED_NAME = re.compile(r"^ray_train_run-\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}")
 
-__all__ = ["ResumePlan", "experiment_dir_of", "plan_resume"]
+__all__ = ["ResumePlan", "experiment_dir_of", "plan_resume", "run_output_dir"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,15 @@ def experiment_dir_of(run_config: Any) -> str | None:
     if not run_config.name or not run_config.storage_path:
         return None
     return posixpath.join(str(run_config.storage_path).rstrip("/"), run_config.name)
+
+
+def run_output_dir(run_config: Any, leaf: str) -> str:
+    """``<storage_path>/<name>/<leaf>``: where a run keeps one kind of output (Ray's default
+    storage when the run names none)."""
+    from ray.train.constants import DEFAULT_STORAGE_PATH
+
+    storage = str(run_config.storage_path or DEFAULT_STORAGE_PATH).rstrip("/")
+    return posixpath.join(storage, str(run_config.name), leaf)
 
 
 def missing_identity(run_config: Any) -> list[str]:

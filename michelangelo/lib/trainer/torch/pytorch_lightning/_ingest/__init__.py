@@ -2,7 +2,8 @@
 
 The driver plans the ingest (``plan_ingest``: does a worker's shard fit in memory, and how
 the dataset splits across workers); a worker iterates either Ray Data batches that know their
-length (``SizedBatches``) or its own in-memory batches (``InMemoryBatches``).
+length (``SizedBatches``) or its own in-memory batches (``InMemoryBatches``). ``max_workers``
+is how many workers a ``ScalingConfig`` can start, which every split divides by.
 """
 
 from michelangelo.lib.trainer.torch.pytorch_lightning._ingest._data import (
@@ -19,6 +20,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._ingest._inmemory_data imp
     shuffle_seed,
     split_for_workers,
 )
+from michelangelo.lib.trainer.torch.pytorch_lightning._ingest._scaling import max_workers
 
 __all__ = [
     "PREFETCH_BATCHES",
@@ -27,6 +29,7 @@ __all__ = [
     "SizedBatches",
     "drain_blocks",
     "drain_shard",
+    "max_workers",
     "plan_ingest",
     "rows_per_worker",
     "shuffle_seed",

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from michelangelo.lib.trainer.torch.pytorch_lightning._ingest._scaling import max_workers
 from michelangelo.settings import (
     TRAINER_INMEMORY,
     TRAINER_INMEMORY_MAX_BYTES,
@@ -114,8 +115,7 @@ def _estimate(dataset: Any) -> tuple[int | None, int | None, str]:
 
 def host_memory_per_worker(scaling_config: Any) -> tuple[int, str]:
     """Host bytes one worker may use, and where that number came from."""
-    workers = scaling_config.num_workers
-    workers = max(int(workers[1] if isinstance(workers, tuple) else workers or 1), 1)
+    workers = max_workers(scaling_config)
     per_worker = (scaling_config.resources_per_worker or {}).get("memory")
     if per_worker:
         return int(per_worker), "ScalingConfig.resources_per_worker['memory']"
@@ -166,8 +166,7 @@ def plan_ingest(train_data: Any, val_data: Any, scaling_config: Any) -> IngestPl
         return IngestPlan(False, "streaming: the dataset's size is unknown before it is read "
                           f"(set {TRAINER_INMEMORY.name}=1 to keep shards in memory anyway)",
                           train_rows, val_rows)
-    workers = scaling_config.num_workers
-    workers = max(int(workers[1] if isinstance(workers, tuple) else workers or 1), 1)
+    workers = max_workers(scaling_config)
     # Every worker holds 1/world of each dataset (streaming_split(equal=True)).
     shard = math.ceil((train_size + val_size) / workers)
     if max_bytes is not None:

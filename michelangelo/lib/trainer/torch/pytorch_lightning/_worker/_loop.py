@@ -303,9 +303,9 @@ def _build_trainer(spec: WorkerSpec, context: Any) -> tuple[Any, str, Reporter]:
     measured = {} if spec.global_batch_size is None else {
         "global_batch_size": spec.global_batch_size}
     reporter = Reporter(spec.experiment_dir, spec.observer, measured)
-    if kwargs.get("fast_dev_run"):
-        # Lightning turns checkpointing off for a fast_dev_run; report its metrics only.
-        callbacks.append(MetricsOnlyReport(reporter, spec.debug_metrics_key or "fast_dev_run"))
+    if spec.debug_metrics_key is not None:
+        # A fast_dev_run: Lightning turns checkpointing off for it; report its metrics only.
+        callbacks.append(MetricsOnlyReport(reporter, spec.debug_metrics_key))
     elif not report_on_model_checkpoint(callbacks, reporter):
         callbacks.append(EpochEndReport(reporter))
     callbacks += _observing_callbacks(spec, context)
@@ -322,7 +322,7 @@ def _build_trainer(spec: WorkerSpec, context: Any) -> tuple[Any, str, Reporter]:
         tempfile.gettempdir(), "michelangelo", f"{context.get_experiment_name()}-{spec.fit_token}",
         "profiler_logs")
     if resolved.profiler is not None:
-        rank_dir = os.path.join(profiler_dir, f"rank-{context.get_world_rank()}")
+        rank_dir = _rank_profiler_dir(profiler_dir, context)
         shutil.rmtree(rank_dir, ignore_errors=True)
         os.makedirs(rank_dir, exist_ok=True)
         kwargs["profiler"] = resolved.profiler.build(rank_dir)
@@ -388,6 +388,11 @@ def _local_copy(url: str) -> Iterator[str]:
         yield tmp
 
 
+def _rank_profiler_dir(profiler_dir: str, context: Any) -> str:
+    """This rank's own folder in the node's profiler folder."""
+    return os.path.join(profiler_dir, f"rank-{context.get_world_rank()}")
+
+
 def _keep_profiler_report(spec: WorkerSpec, profiler_dir: str, context: Any) -> None:
     """Copy this rank's profiler output to ``<storage>/<name>/profiler/rank-<r>/``."""
     if spec.resolved.profiler is None or not spec.profiler_url:
@@ -395,7 +400,7 @@ def _keep_profiler_report(spec: WorkerSpec, profiler_dir: str, context: Any) -> 
     import fsspec
 
     rank = context.get_world_rank()
-    local = os.path.join(profiler_dir, f"rank-{rank}")
+    local = _rank_profiler_dir(profiler_dir, context)
     target = f"{spec.profiler_url.rstrip('/')}/rank-{rank}"
     try:
         files = [os.path.join(d, f) for d, _, names in os.walk(local) for f in names]
