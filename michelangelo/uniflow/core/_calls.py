@@ -148,6 +148,8 @@ class TaskCalls:
             with self._record_lock:
                 self._running[record.call_id] = record
             try:
+                if not elsewhere:
+                    plugin.check_body(task.config, task.fn)
                 with (
                     self._output_log(log_path),
                     plugin.execution(task.config, self),

@@ -1,7 +1,8 @@
 """Task plugins: a task's ``config`` object finds its executor by type.
 
 The core knows only "a config with hooks". A plugin validates its config when a task is
-declared and wraps each execution of the task body in a context manager (for the Ray
+declared, may refuse a body that cannot work where it is about to run, and wraps each
+execution of the task body in a context manager (for the Ray
 plugin: provision or reuse a cluster, then connect to it). A plugin may also run attempts
 somewhere else (the Ray plugin's remote-run: a Ray job per attempt) from a JSON description.
 """
@@ -25,6 +26,13 @@ class TaskPlugin:
 
     def validate(self, config: Any) -> None:
         """Raise ``ValueError`` for a config that cannot work, before anything starts."""
+
+    def check_body(self, config: Any, fn: Any) -> None:
+        """Raise for a task body that cannot work in this process, before an attempt starts.
+
+        Called in the process that runs the body (the driver, or the other side of
+        :meth:`run_elsewhere`), before :meth:`execution` starts anything for the attempt.
+        """
 
     @contextlib.contextmanager
     def execution(self, config: Any, run: Run) -> Iterator[None]:

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from michelangelo.uniflow.core._fingerprint import code_fingerprint
+from michelangelo.uniflow.core._plugin import find_plugin
 from michelangelo.uniflow.core._remote import _MAIN_ALIAS, _RESULT_FAILED, _RESULT_OK, RemoteCall
 from michelangelo.uniflow.core._runtime import CallInfo, reset_current_call, set_current_call
 from michelangelo.uniflow.core._storage import Storage
@@ -55,6 +56,7 @@ def execute_remote_call(
     try:
         fn, annotations = _load_function(call, source_file or call.source_file, on_module_loaded)
         config = call.build_config()
+        find_plugin(config).check_body(config, fn)
         arguments = {name: read_value(storage, output) for name, output in call.inputs.items()}
         with around(config) if around is not None else contextlib.nullcontext():
             resolved = resolve_handles(annotations, arguments)

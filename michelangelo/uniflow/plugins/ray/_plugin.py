@@ -34,7 +34,11 @@ from michelangelo.uniflow.plugins.ray._remote import (
     remote_attempt,
     submit_remote,
 )
-from michelangelo.uniflow.plugins.ray._task import RayTask, record_holding
+from michelangelo.uniflow.plugins.ray._task import (
+    RayTask,
+    record_holding,
+    refuse_mixed_ray_lightning,
+)
 from michelangelo.workflow.variables import register_dataset_io
 
 _KEY = "ray.cluster"
@@ -57,6 +61,9 @@ class RayTaskPlugin(TaskPlugin):
     def validate(self, config: RayTask) -> None:
         # RayTask validates itself at construction; nothing is left to check here.
         return None
+
+    def check_body(self, config: RayTask, fn: object) -> None:
+        refuse_mixed_ray_lightning(fn)
 
     @contextlib.contextmanager
     def execution(self, config: RayTask, run: Run) -> Iterator[None]:

@@ -34,7 +34,9 @@ if TYPE_CHECKING:
         LightningTrainerWithStateDict,
     )
     from michelangelo.lib.trainer.torch.pytorch_lightning._strategies import (
+        RayLightning,
         RayModelParallelStrategy,
+        ray_lightning,
     )
     from michelangelo.lib.trainer.torch.pytorch_lightning._trainer import LightningTrainer
     from michelangelo.lib.trainer.torch.pytorch_lightning._worker import (
@@ -61,6 +63,7 @@ _LAZY = {
     "LightningTrainerParam": "_config",
     "LightningTrainerWithStateDict": "_state_dict",
     "ModelSpec": "schema",
+    "RayLightning": "_strategies",
     "RayModelParallelStrategy": "_strategies",
     "TrainingObserver": "_config",
     "TrainingStalledError": "_errors",
@@ -69,6 +72,7 @@ _LAZY = {
     "comet_profiler_sink": "_worker",
     "mlflow_profiler_sink": "_worker",
     "ray_fabric_kwargs": "_fabric",
+    "ray_lightning": "_strategies",
 }
 
 
@@ -84,6 +88,7 @@ __all__ = [
     "LightningTrainerParam",
     "LightningTrainerWithStateDict",
     "ModelSpec",
+    "RayLightning",
     "RayModelParallelStrategy",
     "TrainingObserver",
     "TrainingStalledError",
@@ -92,4 +97,5 @@ __all__ = [
     "comet_profiler_sink",
     "mlflow_profiler_sink",
     "ray_fabric_kwargs",
+    "ray_lightning",
 ]

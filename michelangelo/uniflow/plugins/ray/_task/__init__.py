@@ -2,13 +2,17 @@
 
 ``_ray_task``: the RayTask itself, checked when it is made; ``_node_resources``: the
 resources each of its nodes starts with; ``_run_config``: Ray Train's ``RunConfig`` for a
-run's storage; ``_held``: what a task waited for and holds, for the run's record.
+run's storage; ``_held``: what a task waited for and holds, for the run's record;
+``_lightning_classes``: a body that mixes Ray's Lightning classes with the other package.
 """
 
 from __future__ import annotations
 
 from michelangelo.uniflow.plugins.ray._task._held import (
     record_holding,
+)
+from michelangelo.uniflow.plugins.ray._task._lightning_classes import (
+    refuse_mixed_ray_lightning,
 )
 from michelangelo.uniflow.plugins.ray._task._node_resources import (
     NodeResources,
@@ -27,4 +31,5 @@ __all__ = [
     "create_run_config",
     "node_resources",
     "record_holding",
+    "refuse_mixed_ray_lightning",
 ]
