@@ -80,38 +80,13 @@ k8s-up: setup k8s
 k8s-down:
 	@$(BIN)/python -m tools.kuberay_bed down
 
-# The tests marked lightning_packages run a second time with the `lightning` package on the
-# path beside the venv's pytorch_lightning (both installed): modules of either package train.
-# The KubeRay tests run in a pytest process of their own: their session keeps a control plane,
-# the operator and the kubelet double running, which no other test should share. The bed's
-# binaries build in the background from the start, while the venv installs and the main run
-# goes (a cold build takes many minutes on 2 cores; a warm one returns at once). The KubeRay
-# tests run even when the main run fails (so one failure does not hide the rest), and make
-# still fails if either did. Each step's start is stamped in the log; each run's per-test
-# times land in build/junit-*.xml.
+# Every test run (tools/make_test.sh says which and why): the main run in one lane; in a second
+# lane beside it, the bed's binaries build, then the KubeRay bed run, the lightning_packages run
+# with both Lightning packages installed, and the only-lightning run. Each step's start is
+# stamped in the log; each run's per-test times land in build/junit-*.xml.
 test:
-	@status=0; mkdir -p build; stamp() { echo "[make test $$(date +%H:%M:%S)] $$*"; }; \
-	stamp "bed build starts in the background (build/k8s-build.log)"; \
-	bash tools/build_kuberay_bed.sh >build/k8s-build.log 2>&1 & build=$$!; \
-	stamp "set-up"; \
-	$(MAKE) --no-print-directory setup $(LIGHTNING_SIDE)/.installed $(ONLY_LIGHTNING)/.installed \
-	  || { kill $$build 2>/dev/null; wait $$build; exit 1; }; \
-	stamp "main test run"; \
-	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider --durations=15 --junitxml=build/junit-main.xml --ignore=tests/uniflow/plugins/ray/kuberay/bed \
-	  || status=$$?; \
-	stamp "lightning_packages run (both packages installed)"; \
-	PYTHONPATH=$(CURDIR)/$(LIGHTNING_SIDE) $(BIN)/python -m pytest -m "lightning_packages and not gpu" -q -p no:cacheprovider --junitxml=build/junit-both.xml \
-	  tests/lib/trainer || status=$$?; \
-	stamp "only-lightning run (the lightning package alone)"; \
-	$(ONLY_LIGHTNING)/bin/python -m pytest -m "not gpu" -q -p no:cacheprovider --junitxml=build/junit-only-lightning.xml tests/lib/trainer/torch/only_lightning \
-	  || status=$$?; \
-	stamp "waiting for the bed build"; \
-	wait $$build || { status=1; tail -n 30 build/k8s-build.log; }; \
-	grep '\[bed-build\]' build/k8s-build.log || true; \
-	stamp "KubeRay bed run"; \
-	$(BIN)/python -m pytest -m "not gpu" -q -p no:cacheprovider --durations=15 --junitxml=build/junit-bed.xml tests/uniflow/plugins/ray/kuberay/bed || status=$$?; \
-	stamp "done (status $$status)"; \
-	exit $$status
+	@BIN=$(BIN) LIGHTNING_SIDE=$(LIGHTNING_SIDE) ONLY_LIGHTNING=$(ONLY_LIGHTNING) MAKE="$(MAKE)" \
+	  bash tools/make_test.sh
 
 # The documentation site (mkdocs.yml, docs/): built offline into build/site; --strict turns
 # broken links, missing anchors and pages left out of the navigation into errors. The test

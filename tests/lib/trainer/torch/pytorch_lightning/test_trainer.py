@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
@@ -84,12 +85,17 @@ def read_jsonl(path):
 
 
 def _controllers_started_since(start: float) -> list[int]:
-    """Pids of Ray Train controller processes started at or after ``start``."""
+    """Pids of this test's Ray Train controller processes started at or after ``start``.
+
+    Only this process's descendants (its local Ray's workers): another test run on the
+    machine may have controllers of its own.
+    """
     pids = []
-    for proc in psutil.process_iter(["cmdline", "create_time"]):
-        cmdline = " ".join(proc.info["cmdline"] or [])
-        if "TrainController" in cmdline and proc.info["create_time"] >= start - 1:
-            pids.append(proc.pid)
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            cmdline = " ".join(proc.cmdline())
+            if "TrainController" in cmdline and proc.create_time() >= start - 1:
+                pids.append(proc.pid)
     return pids
 
 
