@@ -430,6 +430,11 @@ def _run_profiler_sink(spec: WorkerSpec, trainer: Any, profiler_dir: str, contex
         share_logger_identity = None
     if share_logger_identity is not None:
         share_logger_identity(trainer)
+    # Each rank writes its own report when its fit() ends; the sink on local rank 0 reads the
+    # node's folder, so it waits until every rank has written (without this, a rank that
+    # finished later was missing from what the sink shipped).
+    with contextlib.suppress(Exception):
+        trainer.strategy.barrier("profiler_sink")
     if context.get_local_rank() != 0:
         return
     try:
