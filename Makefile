@@ -103,12 +103,17 @@ bench: setup
 lint: setup
 	$(BIN)/ruff check michelangelo tests bench examples
 
-# The kind sandbox for real (needs Docker, kind, kubectl, helm; see docs/sandbox.md): create it,
-# run the quickstart on a RayCluster there, then delete it, also when a step fails.
+# The kind sandbox for real (see docs/sandbox.md): a Docker engine (started here, and stopped
+# afterwards, only when none answers: tools/docker_engine.sh), then create the sandbox, run the
+# quickstart on a RayCluster there, and delete it, also when a step fails. SANDBOX_CREATE
+# defaults to building every image on this machine (no image registry needed); set it empty to
+# pull the published images instead.
+SANDBOX_CREATE ?= --build-images
 sandbox-e2e: setup
-	@set -e; trap '$(BIN)/michelangelo sandbox delete' EXIT; \
-	$(BIN)/michelangelo sandbox doctor; \
-	$(BIN)/michelangelo sandbox create; \
+	@set -e; bash tools/docker_engine.sh start; \
+	trap '$(BIN)/michelangelo sandbox delete; bash tools/docker_engine.sh stop' EXIT; \
+	$(BIN)/michelangelo sandbox doctor $(SANDBOX_CREATE); \
+	$(BIN)/michelangelo sandbox create $(SANDBOX_CREATE); \
 	$(BIN)/michelangelo sandbox status; \
 	$(BIN)/michelangelo run examples/quickstart/workflow.py:quickstart --kuberay --sandbox \
 	  --arg n_rows=1000 --arg epochs=1

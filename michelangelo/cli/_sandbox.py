@@ -13,11 +13,14 @@ def sandbox() -> None:
 
 
 @sandbox.command()
-def doctor() -> None:
-    """Check docker, kind, kubectl and helm (and say how to get what is missing)."""
+@click.option("--build-images", is_flag=True,
+              help="check for 'create --build-images' (Go and debootstrap instead of helm)")
+def doctor(build_images: bool) -> None:
+    """Check docker, kind, kubectl and helm, the Docker engine's setup (drivers, cgroups,
+    capabilities), and say how to fix what is missing."""
     from michelangelo.sandbox import doctor as run_doctor
 
-    reports = run_doctor()
+    reports = run_doctor(build_images=build_images)
     for report in reports:
         mark = click.style("ok  ", fg="green") if report.ok else click.style("FAIL", fg="red")
         version = report.version or "-"
@@ -27,7 +30,8 @@ def doctor() -> None:
             click.echo(f"     fix: {report.fix}")
     if not all(r.ok for r in reports):
         sys.exit(1)
-    click.echo("all set: run 'michelangelo sandbox create'")
+    flag = " --build-images" if build_images else ""
+    click.echo(f"all set: run 'michelangelo sandbox create{flag}'")
 
 
 @sandbox.command()
@@ -36,11 +40,16 @@ def doctor() -> None:
                    "package was installed from)")
 @click.option("--wait", default="300s", show_default=True,
               help="how long to wait for each deployment and the bucket job")
-def create(project_dir: str | None, wait: str) -> None:
+@click.option("--build-images", is_flag=True,
+              help="build every image on this machine from Debian's packages, the Go module "
+                   "proxy and PyPI, pulling none (for machines that reach no image "
+                   "registry); cached by version, so a second create builds nothing")
+def create(project_dir: str | None, wait: str, build_images: bool) -> None:
     """Create the sandbox, or complete it; running it again changes nothing."""
     from michelangelo.sandbox import CreateOptions, create_sandbox
 
-    settings = create_sandbox(CreateOptions(project_root=project_dir, wait=wait), click.echo)
+    settings = create_sandbox(CreateOptions(project_root=project_dir, wait=wait,
+                                            build_images=build_images), click.echo)
     click.echo("sandbox ready:")
     click.echo(f"  kube context  {settings.kube_context} (namespace {settings.namespace})")
     click.echo(f"  image         {settings.image}")

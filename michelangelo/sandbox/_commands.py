@@ -7,11 +7,13 @@ the tail of what it printed, never what it was fed.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Sequence
 
 from michelangelo.sandbox._errors import SandboxError
+from michelangelo.sandbox._settings import cache_root
 
 _TAIL_LINES = 20
 
@@ -29,7 +31,7 @@ def run(argv: Sequence[str], *, input: str | None = None, timeout: float = 300.0
     Raises:
         SandboxError: The tool is missing, timed out, or (with ``check``) failed.
     """
-    exe = shutil.which(argv[0])
+    exe = find_tool(argv[0])
     if exe is None:
         raise SandboxError(f"'{argv[0]}' is not on PATH; run 'michelangelo sandbox doctor' "
                            "to see what is missing and how to install it.")
@@ -44,6 +46,24 @@ def run(argv: Sequence[str], *, input: str | None = None, timeout: float = 300.0
         raise SandboxError(f"'{_show(argv)}' failed (exit {done.returncode}):\n"
                            + tail(done.stderr or done.stdout))
     return done
+
+
+def find_tool(name: str) -> str | None:
+    """A tool's path: the build ``--build-images`` made (kind and the kubectl of the node's
+    Kubernetes release, at pinned versions) when there is one, else the one on ``PATH``."""
+    for folder in built_tool_folders():
+        candidate = os.path.join(folder, name)
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return shutil.which(name)
+
+
+def built_tool_folders() -> list[str]:
+    """Folders ``--build-images`` leaves kind and kubectl in, newest version first."""
+    root = cache_root()
+    if not root.is_dir():
+        return []
+    return [str(p / "bin") for p in sorted(root.glob("kind-v*"), reverse=True)]
 
 
 def tail(text: str, lines: int = _TAIL_LINES) -> str:

@@ -16,11 +16,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from michelangelo.sandbox._build_images import BuiltImages, build_images
+from michelangelo.sandbox._build_steps import FILES
 from michelangelo.sandbox._commands import run
 from michelangelo.sandbox._doctor import doctor
 from michelangelo.sandbox._errors import SandboxError
 from michelangelo.sandbox._image import find_project_root, plan_image, write_context
 from michelangelo.sandbox._kind_config import kind_config
+from michelangelo.sandbox._operator import operator_manifests
 from michelangelo.sandbox._settings import (
     BUCKET,
     CLUSTER_NAME,
@@ -60,10 +63,15 @@ class CreateOptions:
         project_root: Source checkout the runtime image installs (default: this package's).
         wait: How long each rollout and the bucket Job may take, as kubectl writes
             durations (``300s``, ``15m``, ``1h``).
+        build_images: Build every image here from package registries (Debian, the Go
+            module proxy, PyPI) instead of pulling any: for machines that reach no image
+            registry. The KubeRay operator is then applied from its release's own manifests
+            (CRDs and RBAC role) instead of the helm chart.
     """
 
     project_root: str | None = None
     wait: str = _WAIT
+    build_images: bool = False
 
     def __post_init__(self) -> None:
         if not _DURATION.match(self.wait):
@@ -86,8 +94,23 @@ class Creator:
         self.kubectl = ("kubectl", "--context", KUBE_CONTEXT)
         self._credentials: tuple[str, str] | None = None
         self._image: str | None = None
+        self._built: BuiltImages | None = None
 
     def steps(self) -> list[tuple[str, Callable[[], str]]]:
+        if self.options.build_images:
+            return [
+                ("check tools", self.check_tools),
+                ("images built on this machine", self.build_images),
+                (f"kind cluster '{CLUSTER_NAME}'", self.kind_cluster),
+                (f"kubeconfig context '{KUBE_CONTEXT}'", self.kube_context),
+                ("operator and storage images loaded into kind", self.load_built_images),
+                ("KubeRay operator (its release's manifests)", self.kuberay_manifests),
+                (f"MinIO and its credentials Secret '{STORAGE_SECRET}'", self.minio),
+                (f"bucket '{BUCKET}'", self.bucket),
+                ("runtime image", self.build_image),
+                ("image loaded into kind", self.load_image),
+                ("settings file", self.write_settings),
+            ]
         return [
             ("check tools", self.check_tools),
             (f"kind cluster '{CLUSTER_NAME}'", self.kind_cluster),
@@ -112,11 +135,20 @@ class Creator:
 
     # -- steps -----------------------------------------------------------------------------
     def check_tools(self) -> str:
-        bad = [r for r in doctor() if not r.ok]
+        bad = [r for r in doctor(build_images=self.options.build_images) if not r.ok]
         if bad:
             lines = "\n".join(f"  {r.name}: {r.problem}; {r.fix}" for r in bad)
             raise SandboxError(f"the sandbox cannot be created yet:\n{lines}")
+        if self.options.build_images:
+            return "the Docker engine, Go and debootstrap are ready"
         return "docker, kind, kubectl and helm are ready"
+
+    def build_images(self) -> str:
+        self._built = build_images(self.echo)
+        built = {tag: s for tag, s in self._built.seconds.items() if s > 0}
+        if not built:
+            return "every image present, kept"
+        return f"{len(built)} built in {sum(built.values()):.0f} s, the rest kept"
 
     def kind_cluster(self) -> str:
         if CLUSTER_NAME in run(("kind", "get", "clusters")).stdout.split():
@@ -125,10 +157,13 @@ class Creator:
         config = os.path.join(os.path.dirname(os.path.abspath(settings_path())),
                               "sandbox-kind.json")
         os.makedirs(os.path.dirname(config), exist_ok=True)
+        cgroup_v1 = run(("docker", "info", "--format", "{{.CgroupVersion}}"),
+                        check=False).stdout.strip() == "1"
         with open(config, "w", encoding="utf-8") as handle:
-            json.dump(kind_config(), handle, indent=2)
+            json.dump(kind_config(cgroup_v1=cgroup_v1), handle, indent=2)
+        image = ("--image", self._built.node) if self._built else ()
         run(("kind", "create", "cluster", "--name", CLUSTER_NAME, "--config", config,
-             "--wait", "120s"), timeout=900)
+             *image, "--wait", "120s"), timeout=900)
         ports = ", ".join(f"127.0.0.1:{host}" for host, _ in HOST_PORTS.values())
         return f"created (ports {ports}; config {config})"
 
@@ -173,13 +208,37 @@ class Creator:
             timeout=self.options.wait_s)
         return f"{outcome}; operator deployment available"
 
+    def load_built_images(self) -> str:
+        built = self._built
+        for tag in (built.operator, built.minio, built.mc):
+            run(("kind", "load", "docker-image", tag, "--name", CLUSTER_NAME), timeout=900)
+        return f"{built.operator}, {built.minio}, {built.mc}"
+
+    def kuberay_manifests(self) -> str:
+        built = self._built
+        crds = sorted((built.operator_source / "config" / "crd" / "bases").glob("*.yaml"))
+        role = built.operator_source / "config" / "rbac" / "role.yaml"
+        for path in (*crds, role):
+            # Server-side: the CRDs are larger than client-side apply's annotation allows.
+            run((*self.kubectl, "apply", "--server-side", "--force-conflicts",
+                 "--filename", str(path)), timeout=self.options.wait_s)
+        run((*self.kubectl, "apply", "--filename", "-"),
+            input=json.dumps(operator_manifests(KUBERAY_NAMESPACE, built.operator)))
+        run((*self.kubectl, "--namespace", KUBERAY_NAMESPACE, "rollout", "status",
+             f"deployment/{KUBERAY_RELEASE}", f"--timeout={self.options.wait}"),
+            timeout=self.options.wait_s)
+        return (f"KubeRay {built.operator_version}: {len(crds)} CRDs, its role, and the "
+                "operator deployment available")
+
     def minio(self) -> str:
         found = run((*self.kubectl, "--namespace", NAMESPACE, "get", "secret", STORAGE_SECRET,
                      "--output", "json", "--ignore-not-found"))
         existing = credentials_from_secret(json.loads(found.stdout)) if found.stdout.strip() \
             else None
         self._credentials = existing or new_credentials()
-        manifests = storage_manifests(NAMESPACE, *self._credentials)
+        images = {"minio_image": self._built.minio, "mc_image": self._built.mc} \
+            if self._built else {}
+        manifests = storage_manifests(NAMESPACE, *self._credentials, **images)
         applied = run((*self.kubectl, "apply", "--filename", "-"),
                       input=json.dumps(manifests)).stdout
         run((*self.kubectl, "--namespace", NAMESPACE, "rollout", "status",
@@ -199,12 +258,16 @@ class Creator:
 
     def build_image(self) -> str:
         root = self.options.project_root or find_project_root()
-        plan = plan_image(root)
+        if self._built:
+            plan = plan_image(root, base=self._built.base,
+                              dockerfile=str(FILES / "runtime" / "Dockerfile"))
+        else:
+            plan = plan_image(root)
         self._image = plan.tag
         if run(("docker", "image", "inspect", plan.tag), check=False).returncode == 0:
             return f"{plan.tag} exists, kept"
         with tempfile.TemporaryDirectory(prefix="michelangelo-sandbox-") as context:
-            dockerfile = write_context(root, context)
+            dockerfile = write_context(root, context, plan.dockerfile)
             build_args = [arg for key, value in sorted(plan.build_args.items())
                           for arg in ("--build-arg", f"{key}={value}")]
             run(("docker", "build", "--tag", plan.tag, *build_args, "--file", dockerfile,

@@ -7,10 +7,14 @@ minimum, or a Docker engine that does not answer each come with the exact way to
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import socket
 import subprocess
 from dataclasses import dataclass
+
+from michelangelo.sandbox._commands import find_tool
 
 _TIMEOUT_S = 30.0
 _VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?")
@@ -73,7 +77,7 @@ def parse_version(text: str) -> tuple[int, int, int] | None:
 
 def check_tool(spec: ToolSpec) -> ToolReport:
     """Find one tool, read its version and compare it with the minimum."""
-    path = shutil.which(spec.name)
+    path = find_tool(spec.name)
     if path is None:
         return ToolReport(spec.name, None, None, False, f"not found on PATH (it {spec.why})",
                           spec.install)
@@ -119,9 +123,120 @@ def check_docker_engine() -> ToolReport:
     return ToolReport("docker engine", path, server, True)
 
 
-def doctor() -> list[ToolReport]:
-    """Every tool's report, then the Docker engine's (only when the client is present)."""
+def doctor(build_images: bool = False) -> list[ToolReport]:
+    """Every tool's report, then the Docker engine's (only when the client is present).
+
+    Args:
+        build_images: Check for ``create --build-images`` instead: kind and kubectl are then
+            built at pinned versions when missing and helm is not used, while Go and
+            debootstrap (run as root) are needed.
+    """
     reports = [check_tool(spec) for spec in TOOLS]
+    if build_images:
+        reports = [r if r.ok or r.name == "docker" else
+                   ToolReport(r.name, r.path, r.version, True,
+                              fix="not needed: --build-images builds it" if r.name != "helm"
+                              else "not needed with --build-images")
+                   for r in reports]
+        reports.extend(check_build_tools())
     if reports[0].ok:
-        reports.append(check_docker_engine())
+        engine = check_docker_engine()
+        reports.append(engine)
+        if engine.ok:
+            reports.extend(check_engine_setup())
+    return reports
+
+
+# Capability names by bit, as in linux/capability.h (what a bounding set may lack).
+_CAPABILITIES = (
+    "CHOWN", "DAC_OVERRIDE", "DAC_READ_SEARCH", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID",
+    "SETPCAP", "LINUX_IMMUTABLE", "NET_BIND_SERVICE", "NET_BROADCAST", "NET_ADMIN", "NET_RAW",
+    "IPC_LOCK", "IPC_OWNER", "SYS_MODULE", "SYS_RAWIO", "SYS_CHROOT", "SYS_PTRACE",
+    "SYS_PACCT", "SYS_ADMIN", "SYS_BOOT", "SYS_NICE", "SYS_RESOURCE", "SYS_TIME",
+    "SYS_TTY_CONFIG", "MKNOD", "LEASE", "AUDIT_WRITE", "AUDIT_CONTROL", "SETFCAP",
+    "MAC_OVERRIDE", "MAC_ADMIN", "SYSLOG", "WAKE_ALARM", "BLOCK_SUSPEND", "AUDIT_READ",
+    "PERFMON", "BPF", "CHECKPOINT_RESTORE",
+)
+# The runtime that passes runc only what this machine grants (tools/docker_engine.sh
+# registers it under this name).
+CAPFILTER_RUNTIME = "capfilter"
+
+
+def missing_capabilities(status_text: str, last_cap: int) -> list[str]:
+    """Capabilities up to ``last_cap`` that a ``/proc/<pid>/status`` bounding set lacks."""
+    for line in status_text.splitlines():
+        if line.startswith("CapBnd:"):
+            mask = int(line.split(":", 1)[1].strip(), 16)
+            return [f"CAP_{name}" for bit, name in enumerate(_CAPABILITIES[:last_cap + 1])
+                    if not mask & (1 << bit)]
+    return []
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def check_engine_setup() -> list[ToolReport]:
+    """The engine's storage and cgroup drivers, the cgroup version, and whether privileged
+    containers (the kind node) can start here: kind needs them all."""
+    done = subprocess.run(["docker", "info", "--format", "{{json .}}"], capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, timeout=_TIMEOUT_S, check=False)
+    try:
+        info = json.loads(done.stdout)
+    except ValueError:
+        return [ToolReport("engine setup", None, None, False, "'docker info' gave no JSON",
+                           "check that the engine runs: docker info")]
+    reports = []
+    driver = info.get("Driver") or "?"
+    reports.append(ToolReport(
+        "storage driver", None, driver, driver in ("overlay2", "overlayfs", "btrfs", "zfs"),
+        f"'{driver}' cannot hold the node's images well",
+        "run the engine with the overlay2 storage driver (dockerd --storage-driver overlay2)"))
+    cgroup_driver, cgroup_version = info.get("CgroupDriver") or "?", info.get("CgroupVersion")
+    reports.append(ToolReport(
+        "cgroups", None, f"{cgroup_driver}/v{cgroup_version}", cgroup_driver != "none",
+        "the engine runs without cgroups", "run the engine where cgroups are mounted"))
+    if info.get("Name") != socket.gethostname():
+        # An engine on another host (Docker Desktop's VM, a remote daemon): its capabilities
+        # and folders are not this machine's, and kind's own checks speak for them.
+        return reports
+    last_cap = int(_read("/proc/sys/kernel/cap_last_cap").strip() or len(_CAPABILITIES) - 1)
+    missing = missing_capabilities(_read("/proc/self/status"), last_cap)
+    runtime = info.get("DefaultRuntime") or "runc"
+    if missing and runtime != CAPFILTER_RUNTIME:
+        reports.append(ToolReport(
+            "capabilities", None, f"lacks {','.join(missing)}", False,
+            f"this machine's bounding set lacks {', '.join(missing)}, which runc asks for in "
+            f"privileged containers, and the engine's default runtime is '{runtime}'",
+            "start the engine with the runtime that drops what the machine cannot grant: "
+            "bash tools/docker_engine.sh start (it builds runc-capfilter and registers it "
+            f"with dockerd --add-runtime {CAPFILTER_RUNTIME}=... --default-runtime "
+            f"{CAPFILTER_RUNTIME})"))
+    else:
+        shown = f"lacks {','.join(missing)}; runtime {runtime}" if missing else "all held"
+        reports.append(ToolReport("capabilities", None, shown, True))
+    modules = os.path.isdir("/lib/modules")
+    reports.append(ToolReport(
+        "/lib/modules", None, "present" if modules else "missing", modules,
+        "kind mounts /lib/modules into its node and Docker refuses a missing folder",
+        "create it (sudo mkdir -p /lib/modules); tools/docker_engine.sh start does"))
+    return reports
+
+
+def check_build_tools() -> list[ToolReport]:
+    """What ``--build-images`` needs: Go (and a module proxy), debootstrap, and root."""
+    reports = [check_tool(ToolSpec(
+        "go", ("go", "version"), (1, 26, 0), "builds Kubernetes, kind, etcd, CoreDNS, KubeRay "
+        "and MinIO from the Go module proxy", "install Go 1.26 or newer (https://go.dev/dl)"))]
+    path = shutil.which("debootstrap")
+    root = os.geteuid() == 0
+    reports.append(ToolReport(
+        "debootstrap", path, "root" if root else "not root", bool(path) and root,
+        "missing" if not path else "the base image needs debootstrap run as root",
+        "apt-get install debootstrap, and run 'sudo michelangelo sandbox create "
+        "--build-images' (later runs reuse the image)"))
     return reports

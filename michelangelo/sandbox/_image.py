@@ -25,11 +25,12 @@ _SKIP_DIRS = {"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache"}
 
 @dataclass(frozen=True)
 class ImagePlan:
-    """How to build the runtime image: tag, base image and build arguments."""
+    """How to build the runtime image: tag, base image, build arguments and Dockerfile."""
 
     tag: str
     base_image: str
     build_args: dict[str, str]
+    dockerfile: str = DOCKERFILE
 
 
 def find_project_root(start: str | None = None) -> str:
@@ -65,27 +66,34 @@ def context_files(project_root: str) -> list[str]:
     return sorted(files)
 
 
-def plan_image(project_root: str) -> ImagePlan:
-    """The tag (a hash of Dockerfile, base image and context) and build arguments."""
-    base = base_image()
+def plan_image(project_root: str, base: str | None = None,
+               dockerfile: str = DOCKERFILE) -> ImagePlan:
+    """The tag (a hash of Dockerfile, base image and context) and build arguments.
+
+    Args:
+        project_root: The checkout to install.
+        base: The image to build on (default: ``rayproject/ray`` at this client's versions).
+        dockerfile: The Dockerfile (default: the one for the ``rayproject/ray`` base).
+    """
+    base = base or base_image()
     args = {"BASE_IMAGE": base, "S3FS_VERSION": metadata.version("fsspec")}
     digest = hashlib.sha256()
-    with open(DOCKERFILE, "rb") as handle:
+    with open(dockerfile, "rb") as handle:
         digest.update(handle.read())
     digest.update(repr(sorted(args.items())).encode())
     for rel in context_files(project_root):
         digest.update(rel.encode() + b"\0")
         with open(os.path.join(project_root, rel), "rb") as handle:
             digest.update(handle.read())
-    return ImagePlan(f"{IMAGE_REPOSITORY}:{digest.hexdigest()[:12]}", base, args)
+    return ImagePlan(f"{IMAGE_REPOSITORY}:{digest.hexdigest()[:12]}", base, args, dockerfile)
 
 
-def write_context(project_root: str, target: str) -> str:
+def write_context(project_root: str, target: str, dockerfile: str = DOCKERFILE) -> str:
     """Copy the context and the Dockerfile into ``target``; returns the Dockerfile's path."""
     for rel in context_files(project_root):
         dest = os.path.join(target, rel)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         shutil.copy2(os.path.join(project_root, rel), dest)
-    dockerfile = os.path.join(target, "Dockerfile")
-    shutil.copy2(DOCKERFILE, dockerfile)
-    return dockerfile
+    copied = os.path.join(target, "Dockerfile")
+    shutil.copy2(dockerfile, copied)
+    return copied

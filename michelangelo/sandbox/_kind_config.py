@@ -12,12 +12,15 @@ from typing import Any
 from michelangelo.sandbox._settings import HOST_PORTS
 
 
-def kind_config(host_ports: dict[str, tuple[int, int]] | None = None) -> dict[str, Any]:
+def kind_config(host_ports: dict[str, tuple[int, int]] | None = None, *,
+                cgroup_v1: bool = False) -> dict[str, Any]:
     """A ``kind.x-k8s.io/v1alpha4`` Cluster with the port mappings the sandbox uses.
 
     Args:
         host_ports: ``name -> (host port, node port)``; defaults to the sandbox's
             (Ray dashboard 8265, Serve 8000, MinIO 9000 and console 9001).
+        cgroup_v1: The Docker engine runs on cgroup v1; the kubelet then needs
+            ``failCgroupV1: false`` (since Kubernetes 1.35 it refuses v1 by default).
 
     Returns:
         The configuration as a dict; written as JSON, which kind reads as YAML.
@@ -25,8 +28,12 @@ def kind_config(host_ports: dict[str, tuple[int, int]] | None = None) -> dict[st
     ports = HOST_PORTS if host_ports is None else host_ports
     mappings = [{"containerPort": node, "hostPort": host, "listenAddress": "127.0.0.1",
                  "protocol": "TCP"} for host, node in ports.values()]
-    return {
+    config: dict[str, Any] = {
         "kind": "Cluster",
         "apiVersion": "kind.x-k8s.io/v1alpha4",
         "nodes": [{"role": "control-plane", "extraPortMappings": mappings}],
     }
+    if cgroup_v1:
+        config["kubeadmConfigPatches"] = [
+            "kind: KubeletConfiguration\nfailCgroupV1: false\n"]
+    return config

@@ -13,6 +13,7 @@ import json
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from michelangelo.sandbox._errors import SandboxError
@@ -29,6 +30,15 @@ MINIO_SERVICE = "minio"
 # Host port -> kind node port. The node ports are what Services of type NodePort name.
 HOST_PORTS = {"dashboard": (8265, 30265), "serve": (8000, 30800),
               "s3": (9000, 30900), "s3_console": (9001, 30901)}
+
+
+def cache_root() -> Path:
+    """Where builds are kept, once per version."""
+    explicit = os.environ.get("MICHELANGELO_CACHE")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "michelangelo"
 
 
 def settings_path() -> str:

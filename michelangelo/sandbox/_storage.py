@@ -40,7 +40,8 @@ def in_cluster_endpoint(namespace: str) -> str:
     return f"http://{MINIO_SERVICE}.{namespace}.svc.cluster.local:9000"
 
 
-def storage_manifests(namespace: str, access_key: str, secret_key: str) -> dict[str, Any]:
+def storage_manifests(namespace: str, access_key: str, secret_key: str, *,
+                      minio_image: str = MINIO_IMAGE, mc_image: str = MC_IMAGE) -> dict[str, Any]:
     """Everything MinIO needs, as one ``v1`` ``List`` for ``kubectl apply -f -``."""
     endpoint = in_cluster_endpoint(namespace)
     secret = {
@@ -73,7 +74,7 @@ def storage_manifests(namespace: str, access_key: str, secret_key: str) -> dict[
                 "metadata": {"labels": dict(_LABELS)},
                 "spec": {"containers": [{
                     "name": "minio",
-                    "image": MINIO_IMAGE,
+                    "image": minio_image,
                     "args": ["server", "/data", "--console-address", ":9001"],
                     "env": root_env,
                     "ports": [{"name": "s3", "containerPort": 9000},
@@ -109,7 +110,7 @@ def storage_manifests(namespace: str, access_key: str, secret_key: str) -> dict[
                 "restartPolicy": "OnFailure",
                 "containers": [{
                     "name": "mc",
-                    "image": MC_IMAGE,
+                    "image": mc_image,
                     "env": root_env,
                     # mc reads the alias from MC_HOST_<name>; built in the shell so that the
                     # credentials stay in the Secret and out of the Job's spec.

@@ -72,6 +72,9 @@ def make_tools(root, monkeypatch, tools=_tool_doubles.TOOLS) -> Tools:
     monkeypatch.setenv("PATH", found.bin)
     monkeypatch.setenv("HOME", os.path.join(root, "home"))
     monkeypatch.setenv("MA_SANDBOX_FILE", found.settings_path)
+    # No cache of built tools either (create --build-images leaves kind and kubectl there).
+    monkeypatch.delenv("MICHELANGELO_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     return found
 
 

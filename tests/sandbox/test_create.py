@@ -17,7 +17,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CTX = ["--context", "kind-michelangelo"]
 DOCTOR = [["docker", "--version"], ["kind", "version"],
           ["kubectl", "version", "--client", "-o", "json"], ["helm", "version", "--short"],
-          ["docker", "info", "--format", "{{.ServerVersion}}"]]
+          ["docker", "info", "--format", "{{.ServerVersion}}"],
+          ["docker", "info", "--format", "{{json .}}"]]
 
 
 @pytest.fixture(scope="module")
@@ -48,12 +49,13 @@ def test_first_run_command_sequence(runs):
     assert runs["first"].exit_code == 0, runs["first"].output
     settings = runs["settings"]
     calls = _argv(runs["first_calls"])
-    config = calls[6][6]
+    config = calls[8][6]
     build = next(c for c in calls if c[:2] == ["docker", "build"])
     context = build[-1]
     assert calls == [
         *DOCTOR,
         ["kind", "get", "clusters"],
+        ["docker", "info", "--format", "{{.CgroupVersion}}"],
         ["kind", "create", "cluster", "--name", "michelangelo", "--config", config,
          "--wait", "120s"],
         ["kind", "export", "kubeconfig", "--name", "michelangelo"],
@@ -92,7 +94,7 @@ def test_first_run_command_sequence(runs):
 
 
 def test_kind_config_maps_ports_to_loopback(runs):
-    config = runs["first_calls"][6]["seen"]["config"]
+    config = runs["first_calls"][8]["seen"]["config"]
     assert config["kind"] == "Cluster" and config["apiVersion"] == "kind.x-k8s.io/v1alpha4"
     (node,) = config["nodes"]
     assert node["role"] == "control-plane"

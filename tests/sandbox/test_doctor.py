@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from michelangelo.sandbox._doctor import TOOLS, parse_version
+from michelangelo.sandbox._doctor import TOOLS, missing_capabilities, parse_version
 from tests.sandbox import _tool_doubles
 from tests.sandbox.conftest import make_tools
 
@@ -20,8 +20,11 @@ def test_all_present(tools):
     assert any("docker engine" in line and "27.3.1" in line for line in lines)
     assert "all set" in result.output
     assert sorted(c[:2] for c in tools.commands()) == [
-        ["docker", "--version"], ["docker", "info"], ["helm", "version"], ["kind", "version"],
-        ["kubectl", "version"]]
+        ["docker", "--version"], ["docker", "info"], ["docker", "info"], ["helm", "version"],
+        ["kind", "version"], ["kubectl", "version"]]
+    # the engine's setup, as its `docker info` gives it
+    assert re.search(r"^ok +storage driver overlay2", result.output, re.MULTILINE)
+    assert re.search(r"^ok +cgroups +systemd/v2", result.output, re.MULTILINE)
 
 
 def test_one_missing_names_the_exact_install_hint(tmp_path, monkeypatch):
@@ -36,7 +39,7 @@ def test_one_missing_names_the_exact_install_hint(tmp_path, monkeypatch):
     assert "https://helm.sh/docs/intro/install/" in helm.install
     assert "all set" not in result.output
     # the others are still reported as fine
-    assert sum(line.startswith("ok") for line in result.output.splitlines()) == 4
+    assert sum(line.startswith("ok") for line in result.output.splitlines()) == 6
 
 
 def test_too_old_version(tools):
@@ -64,3 +67,28 @@ def test_parse_version_forms():
         == (1, 32, 4)
     assert parse_version("v3.16.2+g13654a5") == (3, 16, 2)
     assert parse_version("no digits") is None
+
+
+def test_build_images_needs_go_and_debootstrap_not_helm(tmp_path, monkeypatch):
+    tools = make_tools(tmp_path, monkeypatch,
+                       tuple(t for t in _tool_doubles.TOOLS if t not in ("helm", "kind")))
+    result = tools.invoke("doctor", "--build-images")
+    lines = result.output.splitlines()
+    # kind and helm missing are fine in this mode: one is built, the other not used
+    assert re.search(r"^ok +kind ", result.output, re.MULTILINE), result.output
+    assert re.search(r"^ok +helm ", result.output, re.MULTILINE), result.output
+    # Go and debootstrap are looked for (the stand-ins' PATH has neither)
+    assert any(line.startswith("FAIL go ") for line in lines), result.output
+    assert any(line.startswith("FAIL debootstrap") for line in lines), result.output
+    assert "fix: install Go 1.26 or newer" in result.output
+    assert result.exit_code == 1
+
+
+def test_missing_capabilities_read_from_the_bounding_set():
+    every = (1 << 41) - 1
+    status = f"Name:\tx\nCapBnd:\t{every:016x}\n"
+    assert missing_capabilities(status, 40) == []
+    without = every & ~(1 << 24)
+    assert missing_capabilities(f"CapBnd:\t{without:016x}\n", 40) == ["CAP_SYS_RESOURCE"]
+    # capabilities past the kernel's last one are not counted as missing
+    assert missing_capabilities(f"CapBnd:\t{(1 << 38) - 1:016x}\n", 37) == []

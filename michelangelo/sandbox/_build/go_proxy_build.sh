@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
-# Build the KubeRay test bed from the Go module proxy: a current Kubernetes control plane
-# (kube-apiserver, kube-controller-manager, kube-scheduler v$K8S_VERSION), the etcd release that
-# Kubernetes version requires, and the KubeRay operator v$KUBERAY_VERSION.
+# Build Go programs the sandbox and the KubeRay test bed need, from the Go module proxy only,
+# into ~/.cache/michelangelo (or $MICHELANGELO_CACHE), once per version; a second run builds
+# nothing. Each target prints the folder that holds what it built.
+#
+#   go_proxy_build.sh k8s      kube-apiserver, kube-controller-manager, kube-scheduler
+#                              v$K8S_VERSION and the etcd release that version requires
+#   go_proxy_build.sh node     kubelet, kubeadm, kubectl and kube-proxy v$K8S_VERSION
+#   go_proxy_build.sh kuberay  the KubeRay operator v$KUBERAY_VERSION (see below)
+#   go_proxy_build.sh kind     kind v$KIND_VERSION
+#   go_proxy_build.sh coredns  CoreDNS v$COREDNS_VERSION (the release kubeadm v$K8S_VERSION deploys)
+#   go_proxy_build.sh minio    the MinIO server and client at the pinned commits
+#   go_proxy_build.sh local DIR NAME   a small main package of this project (pause, runc-capfilter)
+#   go_proxy_build.sh all      k8s and kuberay (the test bed's set)
 #
 # Nothing third-party is kept in this repository: the script writes two small wrapper modules
 # into the cache (one requires k8s.io/kubernetes and pins each of its staging modules to the
 # matching v0.x release, since k8s.io/kubernetes is published with replace directives that point
 # into its own tree; the other holds a three-line main for etcd's etcdmain package) and builds
-# from the proxy. Idempotent: binaries land in ~/.cache/michelangelo/k8s-v$K8S_VERSION/bin and
-# ~/.cache/michelangelo/kuberay-v$KUBERAY_VERSION/bin; a second run costs nothing.
-#
-#   bash tools/build_kuberay_bed.sh            # everything; prints the two bin folders
-#   bash tools/build_kuberay_bed.sh k8s        # only the control plane
-#   bash tools/build_kuberay_bed.sh kuberay    # only the operator
+# from the proxy.
 #
 # The operator: proxy.golang.org answers "403 This module version is not available" for
 # github.com/ray-project/kuberay/ray-operator@v1.7.0 (its .info and .mod are served, the .zip is
@@ -28,12 +33,18 @@ set -euo pipefail
 K8S_VERSION=${K8S_VERSION:-1.36.3}
 KUBERAY_VERSION=${KUBERAY_VERSION:-1.7.0}
 KUBERAY_FALLBACK=${KUBERAY_FALLBACK-1.6.2}
+KIND_VERSION=${KIND_VERSION:-0.33.0}
+COREDNS_VERSION=${COREDNS_VERSION:-1.14.2}
+# MinIO publishes no semantic versions: these are the commits the proxy names for its newest
+# server and client source (pseudo-versions), pinned so that every build is the same.
+MINIO_VERSION=${MINIO_VERSION:-v0.0.0-20260212201848-7aac2a2c5b7c}
+MC_VERSION=${MC_VERSION:-v0.0.0-20250313080218-cf909e1063a9}
 CACHE=${MICHELANGELO_CACHE:-$HOME/.cache/michelangelo}
 K8S_HOME=$CACHE/k8s-v$K8S_VERSION
 # A clone of ray-project/kuberay (bare or not) to take the tag from; none unless named.
 KUBERAY_GIT=${KUBERAY_GIT:-}
 WHAT=${1:-all}
-log() { echo "[bed-build $(date +%H:%M:%S)] $*" >&2; }
+log() { echo "[go-build $(date +%H:%M:%S)] $*" >&2; }
 
 command -v go >/dev/null 2>&1 || { echo "error: the Go toolchain (go >= 1.26) is needed; see https://go.dev/dl" >&2; exit 2; }
 export GOMODCACHE=${GOMODCACHE_OVERRIDE:-$CACHE/gomod} GOCACHE=${GOCACHE_OVERRIDE:-$CACHE/gocache}
@@ -42,16 +53,15 @@ JOBS=${GO_BUILD_JOBS:-$(nproc)}
 
 # Time one build step, when GNU time is there (the numbers go to the log).
 timed() {
-    if [ -x /usr/bin/time ]; then /usr/bin/time -f "[bed-build] $1: %e s wall, %U s user, %M KiB max" "${@:2}"
+    if [ -x /usr/bin/time ]; then /usr/bin/time -f "[go-build] $1: %e s wall, %U s user, %M KiB max" "${@:2}"
     else "${@:2}"; fi
 }
 
+# The Kubernetes commands named in $@ (and etcd, when named), at v$K8S_VERSION.
 build_k8s() {
-    local bin=$K8S_HOME/bin mod=$K8S_HOME/wrapper
-    if [ -x "$bin/kube-apiserver" ] && [ -x "$bin/kube-controller-manager" ] \
-        && [ -x "$bin/kube-scheduler" ] && [ -x "$bin/etcd" ]; then
-        echo "$bin"; return 0
-    fi
+    local bin=$K8S_HOME/bin mod=$K8S_HOME/wrapper cmd missing=
+    for cmd in "$@"; do [ -x "$bin/$cmd" ] || missing=1; done
+    if [ -z "$missing" ]; then echo "$bin"; return 0; fi
     mkdir -p "$bin" "$mod/etcd"
     if [ ! -f "$mod/.resolved" ]; then
         log "resolving k8s.io/kubernetes v$K8S_VERSION and its staging modules"
@@ -79,23 +89,28 @@ build_k8s() {
         etcd_v=$(awk '$1=="go.etcd.io/etcd/server/v3"{print $2; exit}' "$kmod")
         (cd "$mod" && go get "$k/kube-apiserver@v$K8S_VERSION" "$k/kube-controller-manager@v$K8S_VERSION" \
             "$k/kube-scheduler@v$K8S_VERSION" "go.etcd.io/etcd/server/v3/etcdmain@$etcd_v" >&2)
-        touch "$mod/.resolved"
+        printf 'k8s.io/kubernetes/cmd/%s\n' kube-apiserver kube-controller-manager kube-scheduler \
+            > "$mod/.resolved"
     fi
     local minor=${K8S_VERSION#1.}; minor=${minor%%.*}
     local v="-X k8s.io/component-base/version.gitVersion=v$K8S_VERSION"
     v="$v -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor"
     v="$v -X k8s.io/component-base/version.gitTreeState=clean"
     v="$v -X k8s.io/client-go/pkg/version.gitVersion=v$K8S_VERSION"
-    local cmd
-    for cmd in kube-apiserver kube-controller-manager kube-scheduler; do
+    for cmd in "$@"; do
+        [ "$cmd" = etcd ] && continue
         if [ ! -x "$bin/$cmd" ]; then
+            if ! grep -q "k8s.io/kubernetes/cmd/$cmd" "$mod/.resolved"; then
+                (cd "$mod" && go get "k8s.io/kubernetes/cmd/$cmd@v$K8S_VERSION" >&2)
+                echo "k8s.io/kubernetes/cmd/$cmd" >> "$mod/.resolved"
+            fi
             log "building $cmd v$K8S_VERSION (minutes on 2 cores)"
             (cd "$mod" && timed "$cmd" go build -p "$JOBS" -trimpath -ldflags="-s -w $v" \
                 -o "$bin/$cmd.tmp" "k8s.io/kubernetes/cmd/$cmd")
             mv "$bin/$cmd.tmp" "$bin/$cmd"
         fi
     done
-    if [ ! -x "$bin/etcd" ]; then
+    if [[ " $* " == *" etcd "* ]] && [ ! -x "$bin/etcd" ]; then
         log "building etcd $(cd "$mod" && go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
         (cd "$mod" && timed etcd go build -p "$JOBS" -trimpath -ldflags="-s -w" -o "$bin/etcd.tmp" ./etcd)
         mv "$bin/etcd.tmp" "$bin/etcd"
@@ -149,9 +164,42 @@ build_kuberay() {
     echo "$bin"
 }
 
+# `go install MODULE@VERSION` of a main package into $CACHE/<folder>/bin, once.
+go_install() {
+    local folder=$1 name=$2 target=$3 bin=$CACHE/$1/bin
+    if [ ! -x "$bin/$name" ]; then
+        mkdir -p "$bin"
+        log "building $name ($target)"
+        timed "$name" env GOBIN="$bin.tmp" go install -p "$JOBS" -trimpath -ldflags="-s -w" "$target"
+        mv "$bin.tmp/$name" "$bin/$name" && rmdir "$bin.tmp"
+    fi
+    echo "$bin"
+}
+
+# A small main package of this project (its own go.mod, no dependencies) into $CACHE/local/bin;
+# rebuilt when its source changes (the binary's name carries a hash of the source).
+build_local() {
+    local dir=$1 name=$2 bin=$CACHE/local/bin hash
+    hash=$(cat "$dir"/go.mod "$dir"/*.go | sha256sum | cut -c1-12)
+    if [ ! -x "$bin/$name-$hash" ]; then
+        mkdir -p "$bin"
+        (cd "$dir" && go build -trimpath -ldflags="-s -w" -o "$bin/$name-$hash.tmp" .)
+        mv "$bin/$name-$hash.tmp" "$bin/$name-$hash"
+    fi
+    ln -sf "$name-$hash" "$bin/$name"
+    echo "$bin"
+}
+
 case $WHAT in
-    k8s) build_k8s ;;
+    k8s) build_k8s kube-apiserver kube-controller-manager kube-scheduler etcd ;;
+    node) build_k8s kubelet kubeadm kubectl kube-proxy ;;
     kuberay) build_kuberay "$KUBERAY_VERSION" ;;
-    all) build_k8s; build_kuberay "$KUBERAY_VERSION" ;;
-    *) echo "usage: $0 [all|k8s|kuberay]" >&2; exit 2 ;;
+    kind) go_install "kind-v$KIND_VERSION" kind "sigs.k8s.io/kind@v$KIND_VERSION" ;;
+    coredns) go_install "coredns-v$COREDNS_VERSION" coredns "github.com/coredns/coredns@v$COREDNS_VERSION" ;;
+    minio) go_install "minio-$MINIO_VERSION" minio "github.com/minio/minio@$MINIO_VERSION" >/dev/null
+           go_install "minio-$MINIO_VERSION" mc "github.com/minio/mc@$MC_VERSION" ;;
+    local) build_local "$2" "$3" ;;
+    all) build_k8s kube-apiserver kube-controller-manager kube-scheduler etcd
+         build_kuberay "$KUBERAY_VERSION" ;;
+    *) echo "usage: $0 [all|k8s|node|kuberay|kind|coredns|minio|local DIR NAME]" >&2; exit 2 ;;
 esac

@@ -1,0 +1,3 @@
+module michelangelo.local/pause
+
+go 1.22

@@ -1,0 +1,3 @@
+module michelangelo.local/runc-capfilter
+
+go 1.22
