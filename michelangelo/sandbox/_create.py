@@ -27,6 +27,7 @@ from michelangelo.sandbox._operator import operator_manifests
 from michelangelo.sandbox._settings import (
     BUCKET,
     CLUSTER_NAME,
+    CPU_REQUEST_FRACTION,
     HOST_PORTS,
     KUBE_CONTEXT,
     KUBERAY_NAMESPACE,
@@ -296,6 +297,7 @@ class Creator:
             s3_endpoint_in_cluster=in_cluster_endpoint(NAMESPACE),
             storage_secret=STORAGE_SECRET,
             node_ports={name: node for name, (_, node) in HOST_PORTS.items()},
+            cpu_request_fraction=CPU_REQUEST_FRACTION,
             access_key=self._credentials[0],
             secret_key=self._credentials[1],
         )

@@ -30,6 +30,10 @@ MINIO_SERVICE = "minio"
 # Host port -> kind node port. The node ports are what Services of type NodePort name.
 HOST_PORTS = {"dashboard": (8265, 30265), "serve": (8000, 30800),
               "s3": (9000, 30900), "s3_console": (9001, 30901)}
+# The sandbox's one node shares this machine's CPUs: each Ray pod requests a tenth of the CPUs
+# its RayTask declares (limits and Ray's own CPU count stay as declared), so that the
+# quickstart's 5-CPU shape fits a 2-core machine next to the control plane.
+CPU_REQUEST_FRACTION = 0.1
 
 
 def cache_root() -> Path:
@@ -63,6 +67,9 @@ class SandboxSettings:
             of every Ray node; pass it as ``ray_cluster_manifest(..., storage_secret=...)``.
         node_ports: Node port of each service kind maps to ``127.0.0.1``, by name
             (``dashboard``, ``serve``, ``s3``, ``s3_console``).
+        cpu_request_fraction: The share of each Ray node's CPUs its pod requests from the
+            sandbox's Kubernetes (``CPU_REQUEST_FRACTION`` for sandboxes made now; 1, every
+            CPU, in settings written before it existed).
         access_key: MinIO access key (for the driver; never shown).
         secret_key: MinIO secret key (for the driver; never shown).
     """
@@ -75,6 +82,7 @@ class SandboxSettings:
     s3_endpoint_in_cluster: str
     storage_secret: str
     node_ports: dict[str, int] = field(default_factory=dict)
+    cpu_request_fraction: float = 1.0
     access_key: str = field(default="", repr=False)
     secret_key: str = field(default="", repr=False)
 

@@ -88,8 +88,15 @@ class Storage:
             self.fs.rm(final, recursive=True)
         if self.is_local:
             os.replace(staging, final)
-        else:
-            self.fs.mv(staging, final, recursive=True)
+            return
+        # Object by object: an object store has no folders to rename, and its "folder" may not
+        # exist as a key at all (s3fs's makedirs writes none), which a recursive mv trips on.
+        root = self.fs._strip_protocol(staging).rstrip("/")
+        target = self.fs._strip_protocol(final).rstrip("/")
+        for path in self.fs.find(staging):
+            self.fs.mv(path, target + path[len(root):])
+        if self.fs.exists(staging):
+            self.fs.rm(staging, recursive=True)
 
     def remove(self, path: str) -> None:
         if self.exists(path):

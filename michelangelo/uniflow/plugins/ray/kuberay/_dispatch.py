@@ -61,6 +61,7 @@ def settings_from(options: dict[str, Any]) -> KubeRaySettings:
     image = options.get("image")
     context = options.get("kube_context")
     storage_secret = head_address = head_node_ports = serve_node_port = None
+    cpu_request_fraction = 1.0
     if options.get("sandbox"):
         from michelangelo.sandbox import load_sandbox_settings
 
@@ -74,12 +75,14 @@ def settings_from(options: dict[str, Any]) -> KubeRaySettings:
         head_node_ports = {"dashboard": sandbox.node_ports["dashboard"]}
         serve_node_port = sandbox.node_ports["serve"]
         head_address = "http://127.0.0.1:8265"
+        cpu_request_fraction = sandbox.cpu_request_fraction
     return KubeRaySettings(namespace=namespace, image=image,
                            target=KubeTarget(context=context), storage_secret=storage_secret,
                            head_address=head_address, head_node_ports=head_node_ports,
                            head_access=options.get("head_access") or "auto",
                            serve_node_port=serve_node_port,
-                           auth=options.get("auth") or "disabled")
+                           auth=options.get("auth") or "disabled",
+                           cpu_request_fraction=cpu_request_fraction)
 
 
 def _check(mode: str, value: Any, options: dict[str, Any]) -> None:

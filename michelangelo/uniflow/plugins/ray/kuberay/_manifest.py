@@ -86,6 +86,7 @@ def ray_cluster_manifest(
     head_node_ports: dict[str, int] | None = None,
     auth: str = "disabled",
     serving: bool = False,
+    cpu_request_fraction: float = 1.0,
 ) -> dict[str, Any]:
     """A ``RayCluster`` with one head and one worker group shaped like ``task``.
 
@@ -113,6 +114,10 @@ def ray_cluster_manifest(
             their Serve proxy, as KubeRay's does for them (:func:`_readiness_probe`), and in
             token mode they keep KubeRay's wait for the head alone (:func:`_wait_for_head`:
             the token's Secret is named after a cluster name KubeRay makes up).
+        cpu_request_fraction: The share of each node's CPUs its pod requests from Kubernetes
+            (0 < fraction <= 1). The limit and the CPUs Ray advertises stay as the RayTask
+            declares. Below 1, production-shaped tasks fit a small cluster whose CPUs are
+            shared, as the kind sandbox on a laptop is.
 
     Returns:
         The manifest as a plain dict, ready for the Kubernetes API.
@@ -122,6 +127,9 @@ def ray_cluster_manifest(
             ``auth`` is not one of :data:`AUTH_MODES`.
     """
     check_kuberay_name("name", name, max_len=50)
+    if not 0 < cpu_request_fraction <= 1:
+        raise InputError(f"cpu_request_fraction={cpu_request_fraction!r} is not in (0, 1]. Fix: "
+                         "1 requests every CPU the RayTask declares; 0.25 requests a quarter.")
     if auth not in AUTH_MODES:
         raise InputError(f"auth={auth!r} is not one of {', '.join(AUTH_MODES)}. Fix: "
                          "auth='token' to have KubeRay turn Ray's token authentication on.")
@@ -156,7 +164,8 @@ def ray_cluster_manifest(
             "rayStartParams": head_params,
             "template": _pod_template(head, "ray-head", image, all_labels, env,
                                       head_ports=_container_ports(head_node_ports),
-                                      readiness=probe),
+                                      readiness=probe,
+                                      cpu_request_fraction=cpu_request_fraction),
         },
         "workerGroupSpecs": [],
     }
@@ -179,7 +188,8 @@ def ray_cluster_manifest(
                                       else [_wait_for_head(image, name, auth,
                                                            env.get("env", []))],
                                       readiness=_readiness_probe(version, serve_proxy=True)
-                                      if serving else probe),
+                                      if serving else probe,
+                                      cpu_request_fraction=cpu_request_fraction),
         })
     return {
         "apiVersion": "ray.io/v1",
@@ -219,8 +229,11 @@ def _start_params(node: NodeResources) -> dict[str, str]:
     return params
 
 
-def container_resources(node: NodeResources) -> dict[str, dict[str, str]]:
-    """Kubernetes requests and limits (equal: the node gets what Ray will advertise)."""
+def container_resources(node: NodeResources,
+                        cpu_request_fraction: float = 1.0) -> dict[str, dict[str, str]]:
+    """Kubernetes requests and limits: equal, so the node gets what Ray will advertise, but
+    for the CPU request when ``cpu_request_fraction`` is below 1 (see
+    :func:`ray_cluster_manifest`)."""
     amounts = {"cpu": _cpu_quantity(node.cpus)}
     if node.memory is not None:
         amounts["memory"] = str(node.memory)
@@ -228,7 +241,11 @@ def container_resources(node: NodeResources) -> dict[str, dict[str, str]]:
         amounts["nvidia.com/gpu"] = str(node.gpus)
     if node.disk is not None:
         amounts["ephemeral-storage"] = str(node.disk)
-    return {"requests": dict(amounts), "limits": dict(amounts)}
+    requests = dict(amounts)
+    if cpu_request_fraction != 1:
+        requests["cpu"] = _cpu_quantity(Decimal(str(node.cpus))
+                                        * Decimal(str(cpu_request_fraction)))
+    return {"requests": requests, "limits": dict(amounts)}
 
 
 def _readiness_probe(version: str, *, serve_proxy: bool = False) -> dict[str, Any] | None:
@@ -308,11 +325,12 @@ def _pod_template(node: NodeResources, container: str, image: str, labels: dict[
                   env: dict[str, Any], *,
                   head_ports: list[dict[str, Any]] | None = None,
                   init_containers: list[dict[str, Any]] | None = None,
-                  readiness: dict[str, Any] | None = None) -> dict[str, Any]:
+                  readiness: dict[str, Any] | None = None,
+                  cpu_request_fraction: float = 1.0) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "name": container,
         "image": image,
-        "resources": container_resources(node),
+        "resources": container_resources(node, cpu_request_fraction),
         **env,
     }
     if head_ports is not None:

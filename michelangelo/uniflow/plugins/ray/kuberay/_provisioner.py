@@ -74,6 +74,9 @@ class KubeRaySettings:
     # Ray's authentication on the RayClusters (AUTH_MODES): "token" has KubeRay make a token
     # per cluster; this client reads it from the cluster's Secret and sends it.
     auth: str = "disabled"
+    # The share of each Ray node's CPUs its pod requests (ray_cluster_manifest); the sandbox
+    # asks for less than 1, so that production-shaped RayTasks fit its one shared node.
+    cpu_request_fraction: float = 1.0
 
     def __post_init__(self) -> None:
         if self.auth not in AUTH_MODES:
@@ -157,6 +160,7 @@ class KubeRayCluster(RayCluster):
             storage_secret=self.settings.storage_secret,
             head_node_ports=self.settings.head_node_ports,
             auth=self.settings.auth,
+            cpu_request_fraction=self.settings.cpu_request_fraction,
         )
 
     @property

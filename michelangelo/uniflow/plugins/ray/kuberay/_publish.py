@@ -67,7 +67,8 @@ def _publish_one(clusters: Any, api: KubeApi, description: Any, config: RayTask,
         labels={f"{LABEL_PREFIX}/model": label_value(
                     f"{description.project_name}.{description.model_name}"),
                 f"{LABEL_PREFIX}/revision": str(description.revision_id)},
-        working_dir=working_dir, serve_node_port=node_port, auth=settings.auth)
+        working_dir=working_dir, serve_node_port=node_port, auth=settings.auth,
+        cpu_request_fraction=settings.cpu_request_fraction)
     exists = api.get("RayService", name, namespace) is not None
     if not exists and settings.fit_check:
         try:

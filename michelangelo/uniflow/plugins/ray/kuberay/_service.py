@@ -45,7 +45,8 @@ def ray_service_manifest(serve_config: dict[str, Any], task: RayTask, *, name: s
                          storage_secret: str | None = None,
                          working_dir: str | None = None,
                          serve_node_port: int | None = None,
-                         auth: str = "disabled") -> dict[str, Any]:
+                         auth: str = "disabled",
+                         cpu_request_fraction: float = 1.0) -> dict[str, Any]:
     """A ``ray.io/v1`` ``RayService`` serving ``serve_config`` on a cluster shaped like ``task``.
 
     Args:
@@ -61,6 +62,8 @@ def ray_service_manifest(serve_config: dict[str, Any], task: RayTask, *, name: s
         serve_node_port: Expose the Serve proxy on this NodePort (a host-mapped sandbox).
         auth: Ray's authentication on the serving cluster (see ``ray_cluster_manifest``);
             KubeRay then sends the cluster's token with the Serve config it submits.
+        cpu_request_fraction: The share of each node's CPUs requested from Kubernetes (see
+            ``ray_cluster_manifest``).
 
     Raises:
         ValueError: ``name`` is not a RayService name KubeRay accepts (a DNS-1035 label of
@@ -70,7 +73,7 @@ def ray_service_manifest(serve_config: dict[str, Any], task: RayTask, *, name: s
                        example="churn-model")
     cluster = ray_cluster_manifest(task, name=name, namespace=namespace, image=image,
                                    labels=labels, storage_secret=storage_secret, auth=auth,
-                                   serving=True)
+                                   serving=True, cpu_request_fraction=cpu_request_fraction)
     config = dict(serve_config)
     config["http_options"] = {**config.get("http_options", {}), "host": "0.0.0.0",
                               "port": HEAD_PORTS["serve"]}

@@ -377,3 +377,20 @@ def test_nodes_count_as_ready_soon_after_their_ray_is_up():
     # Before Ray 2.53 nodes have no such endpoint, and KubeRay probes them its own way.
     assert _readiness_probe("2.52.1") is None and _readiness_probe("2.53.0") is not None
     assert _readiness_probe("3.0.0.dev0") is not None
+
+
+def test_a_cpu_request_fraction_lowers_only_the_cpu_request():
+    task = RayTask(head_cpu=1, head_memory="2Gi", worker_cpu=2, worker_memory="2Gi",
+                   worker_instances=2)
+    manifest = ray_cluster_manifest(task, name="uf-frac", cpu_request_fraction=0.1)
+    assert not problems(manifest)
+    head = manifest["spec"]["headGroupSpec"]
+    worker = manifest["spec"]["workerGroupSpecs"][0]
+    for group, cpus, request in ((head, "1", "100m"), (worker, "2", "200m")):
+        resources = group["template"]["spec"]["containers"][0]["resources"]
+        assert resources["requests"] == {"cpu": request, "memory": "2147483648"}
+        assert resources["limits"] == {"cpu": cpus, "memory": "2147483648"}
+        # Ray still advertises the CPUs the RayTask declares
+        assert group["rayStartParams"]["num-cpus"] == cpus
+    with pytest.raises(ValueError, match=r"cpu_request_fraction=0 is not in \(0, 1\]"):
+        ray_cluster_manifest(task, name="uf-frac", cpu_request_fraction=0)
