@@ -43,6 +43,22 @@ _DEBIAN_MIRROR = "http://deb.debian.org/debian"
 # them, so that builds inside it reach registries behind a network that inspects TLS.
 LOCAL_CAS = Path("/usr/local/share/ca-certificates")
 _REPO = "michelangelo-sandbox"
+# The pins above are the ones go_proxy_build.sh builds.
+_GO_PINS = {"K8S_VERSION": K8S_VERSION, "COREDNS_VERSION": COREDNS_VERSION,
+            "KIND_VERSION": KIND_VERSION}
+
+
+class _GoPrograms:
+    """Each ``go_proxy_build.sh`` target at the pins above, run once per image build and only
+    when an image needs it."""
+
+    def __init__(self) -> None:
+        self._folders: dict[tuple[str, ...], Path] = {}
+
+    def __call__(self, *target: str) -> Path:
+        if target not in self._folders:
+            self._folders[target] = go_build(*target, versions=_GO_PINS)
+        return self._folders[target]
 
 
 @dataclass(frozen=True)
@@ -133,12 +149,12 @@ def _files_hash(*folders: Path, extra: str = "") -> str:
     return digest.hexdigest()[:12]
 
 
-def control_plane_images(builds: Builds, base: str) -> list[str]:
+def control_plane_images(builds: Builds, go: _GoPrograms, base: str) -> list[str]:
     """The images kubeadm starts, built from the Go module proxy, under kubeadm's names."""
-    plane = go_build("k8s")
-    node = go_build("node")
-    coredns = go_build("coredns")
-    pause = go_build("local", str(FILES / "go" / "pause"), "pause")
+    plane = go("k8s")
+    node = go("node")
+    coredns = go("coredns")
+    pause = go("local", str(FILES / "go" / "pause"), "pause")
     version = f"v{K8S_VERSION}"
     tags = []
     for name in ("kube-apiserver", "kube-controller-manager", "kube-scheduler"):
@@ -156,34 +172,23 @@ def control_plane_images(builds: Builds, base: str) -> list[str]:
         pause_tag, pause / "pause", entrypoint=True), "this project's pause program"))
     # kube-proxy programs iptables: it needs the iptables commands beside it.
     proxy_tag = f"registry.k8s.io/kube-proxy:{version}"
-    tags.append(builds.ensure(proxy_tag, lambda: _kube_proxy_image(
-        proxy_tag, base, node / "kube-proxy"), "Go module proxy and Debian's iptables"))
+    tags.append(builds.ensure(proxy_tag, lambda: binary_image(
+        proxy_tag, node / "kube-proxy", base=base,
+        packages=("iptables", "conntrack", "ipset", "kmod")),
+        "Go module proxy and Debian's iptables"))
     return tags
 
 
-def _kube_proxy_image(tag: str, base: str, binary: Path) -> None:
-    with tempfile.TemporaryDirectory(prefix="michelangelo-image-") as folder:
-        context = Path(folder)
-        shutil.copy2(binary.resolve(), context / "kube-proxy")
-        (context / "Dockerfile").write_text(
-            f"FROM {base}\n"
-            "RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "
-            "--no-install-recommends iptables conntrack ipset kmod "
-            "&& apt-get clean && rm -rf /var/lib/apt/lists/*\n"
-            "COPY kube-proxy /usr/local/bin/kube-proxy\n")
-        docker_build(tag, context)
-
-
-def node_image(builds: Builds, base: str) -> str:
+def node_image(builds: Builds, go: _GoPrograms, base: str) -> str:
     """The kind node: systemd, containerd and the kubelet, with the control plane inside."""
-    node_bins = go_build("node")
-    capfilter = go_build("local", str(FILES / "go" / "runc-capfilter"), "runc-capfilter")
+    node_bins = go("node")
+    capfilter = go("local", str(FILES / "go" / "runc-capfilter"), "runc-capfilter")
     node_files = FILES / "node"
     tag = f"{_REPO}/node:v{K8S_VERSION}-" + _files_hash(
         node_files, FILES / "go", extra=f"{base} {ETCD_TAG} {COREDNS_VERSION} {PAUSE_TAG}")
 
     def build() -> None:
-        images = control_plane_images(builds, base)
+        images = control_plane_images(builds, go, base)
         with tempfile.TemporaryDirectory(prefix="michelangelo-node-") as folder:
             context = Path(folder)
             shutil.copytree(node_files, context, dirs_exist_ok=True)
@@ -200,9 +205,9 @@ def node_image(builds: Builds, base: str) -> str:
     return builds.ensure(tag, build, f"Kubernetes v{K8S_VERSION} from the Go module proxy")
 
 
-def operator_image(builds: Builds) -> tuple[str, str, Path]:
+def operator_image(builds: Builds, go: _GoPrograms) -> tuple[str, str, Path]:
     """The KubeRay operator image; returns its tag, release and source tree."""
-    operator_bin = go_build("kuberay")
+    operator_bin = go("kuberay")
     match = re.fullmatch(r"kuberay-v(\d+\.\d+\.\d+)", operator_bin.parent.name)
     if match is None:
         raise SandboxError(f"cannot tell the KubeRay release built in {operator_bin}")
@@ -213,10 +218,10 @@ def operator_image(builds: Builds) -> tuple[str, str, Path]:
     return tag, version, operator_bin.parent / "src"
 
 
-def minio_images(builds: Builds, base: str) -> tuple[str, str]:
+def minio_images(builds: Builds, go: _GoPrograms, base: str) -> tuple[str, str]:
     """The object store's server and client images (on the Debian base: the bucket Job runs
     a shell)."""
-    folder = go_build("minio")
+    folder = go("minio")
     version = folder.parent.name.removeprefix("minio-")
     server = f"{_REPO}/minio:{version}"
     client = f"{_REPO}/mc:{version}"
@@ -230,13 +235,13 @@ def minio_images(builds: Builds, base: str) -> tuple[str, str]:
 def build_images(echo: Callable[[str], None]) -> BuiltImages:
     """Build (or find) every image a ``--build-images`` sandbox runs but the Ray runtime
     image, which ``create`` builds from the project like in the other mode."""
-    builds = Builds(echo)
+    builds, go = Builds(echo), _GoPrograms()
     base = base_image(builds)
-    node = node_image(builds, base)
-    operator, operator_version, source = operator_image(builds)
-    minio, mc = minio_images(builds, base)
-    tools = go_build("kind")
-    kubectl = go_build("node") / "kubectl"
+    node = node_image(builds, go, base)
+    operator, operator_version, source = operator_image(builds, go)
+    minio, mc = minio_images(builds, go, base)
+    tools = go("kind")
+    kubectl = go("node") / "kubectl"
     if not (tools / "kubectl").exists():
         (tools / "kubectl").symlink_to(kubectl)
     return BuiltImages(base=base, node=node, operator=operator, operator_version=operator_version,

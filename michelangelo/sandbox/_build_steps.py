@@ -28,8 +28,11 @@ _GO_TIMEOUT_S = 3600.0
 _BUILD_TIMEOUT_S = 3600.0
 
 
-def go_build(*target: str) -> Path:
+def go_build(*target: str, versions: dict[str, str] | None = None) -> Path:
     """Run one target of ``go_proxy_build.sh``; returns the folder holding its programs.
+
+    ``versions`` sets the script's version variables (``K8S_VERSION``, ``KIND_VERSION``, ...),
+    so that the caller's pins are the ones built.
 
     Raises:
         SandboxError: Go is missing, or the build failed (with the tail of its log).
@@ -37,7 +40,7 @@ def go_build(*target: str) -> Path:
     if shutil.which("go") is None:
         raise SandboxError("building the sandbox's images needs the Go toolchain (go 1.26 or "
                            "newer, https://go.dev/dl) and access to a Go module proxy.")
-    env = dict(os.environ, MICHELANGELO_CACHE=str(cache_root()))
+    env = dict(os.environ, **(versions or {}), MICHELANGELO_CACHE=str(cache_root()))
     try:
         done = subprocess.run(["bash", str(GO_BUILD), *target], capture_output=True, text=True,
                               env=env, stdin=subprocess.DEVNULL, timeout=_GO_TIMEOUT_S,
@@ -65,14 +68,21 @@ def docker_build(tag: str, context: Path, build_args: dict[str, str] | None = No
 
 
 def binary_image(tag: str, binary: Path, *, name: str | None = None, base: str = "scratch",
-                 entrypoint: bool = False, user: str | None = None) -> None:
-    """An image holding one static program at ``/usr/local/bin/<name>``."""
+                 packages: Sequence[str] = (), entrypoint: bool = False,
+                 user: str | None = None) -> None:
+    """An image holding one static program at ``/usr/local/bin/<name>``, on ``base`` with
+    Debian's ``packages`` installed beside it (a Debian ``base`` is needed for those)."""
     name = name or binary.name
     with tempfile.TemporaryDirectory(prefix="michelangelo-image-") as folder:
         context = Path(folder)
         shutil.copy2(binary.resolve(), context / name)
-        lines = [f"FROM {base}", f"COPY {name} /usr/local/bin/{name}",
-                 "ENV PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
+        lines = [f"FROM {base}"]
+        if packages:
+            lines.append("RUN apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get "
+                         f"install -y -qq --no-install-recommends {' '.join(packages)} "
+                         "&& apt-get clean && rm -rf /var/lib/apt/lists/*")
+        lines += [f"COPY {name} /usr/local/bin/{name}",
+                  "ENV PATH=/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
         if user:
             lines.append(f"USER {user}")
         if entrypoint:
