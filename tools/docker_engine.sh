@@ -12,6 +12,9 @@
 # dockerd's default runtime becomes runc-capfilter, built from this project's source with Go,
 # which drops what the machine cannot grant before calling runc. The engine's pid and log live
 # in $DOCKER_ENGINE_STATE (default build/docker-engine); stop acts only on that pid.
+# DOCKER_ENGINE_NICE (default 0) starts the engine at that niceness, which its containers
+# (image builds included) inherit: make test builds the sandbox's images beside its other
+# runs at low priority.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 STATE=${DOCKER_ENGINE_STATE:-build/docker-engine}
@@ -42,7 +45,7 @@ start() {
         runtime_args=(--add-runtime "capfilter=$(readlink -f "$bin/runc-capfilter")" --default-runtime capfilter)
     fi
     log "starting dockerd (log: $STATE/dockerd.log)"
-    nohup dockerd --storage-driver overlay2 --pidfile "$STATE/dockerd.pid" "${runtime_args[@]}" \
+    nohup nice -n "${DOCKER_ENGINE_NICE:-0}" dockerd --storage-driver overlay2 --pidfile "$STATE/dockerd.pid" "${runtime_args[@]}" \
         >"$STATE/dockerd.log" 2>&1 &
     echo $! > "$STATE/started.pid"
     local waited=0

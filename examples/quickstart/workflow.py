@@ -30,7 +30,10 @@ from michelangelo.uniflow.plugins.ray import RayTask, create_run_config
 from michelangelo.workflow.variables import DatasetVariable
 
 FEATURES = 8
-CLUSTER = RayTask(head_cpu=1, head_memory="2Gi", worker_cpu=2, worker_memory="2Gi",
+# The head holds more than the workers: on Kubernetes each node's memory is a hard limit, and
+# the head runs the task's driver (torch and Lightning imported) and Ray Train's controller
+# beside Ray's own processes; at 2Gi, Ray's memory monitor killed them mid-training.
+CLUSTER = RayTask(head_cpu=1, head_memory="4Gi", worker_cpu=2, worker_memory="2Gi",
                   worker_instances=2)
 
 

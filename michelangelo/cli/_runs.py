@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import os
 import posixpath
 
 import click
@@ -18,7 +19,28 @@ console = Console()
 
 
 def _store(storage_url: str | None) -> RunStore:
+    _reach_sandbox_bucket(storage_url or os.environ.get("UF_STORAGE_URL") or "")
     return RunStore(Storage(storage_url))
+
+
+def _reach_sandbox_bucket(url: str) -> None:
+    """Runs made with ``--sandbox`` keep their records in the sandbox's MinIO bucket: when the
+    storage is that bucket, reach it with the endpoint and credentials ``sandbox create``
+    wrote (what the shell sets itself wins), as the run itself did."""
+    if not url.startswith("s3://"):
+        return
+    from michelangelo.sandbox import SandboxError, load_sandbox_settings, settings_path
+
+    if not os.path.exists(settings_path()):
+        return
+    try:
+        sandbox = load_sandbox_settings()
+    except SandboxError:
+        return
+    root = sandbox.storage_url.rstrip("/")
+    if url.rstrip("/") == root or url.startswith(root + "/"):
+        for key, value in sandbox.client_environment().items():
+            os.environ.setdefault(key, value)
 
 
 def _when(ts: float | None) -> str:

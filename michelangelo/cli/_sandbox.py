@@ -44,12 +44,19 @@ def doctor(build_images: bool) -> None:
               help="build every image on this machine from Debian's packages, the Go module "
                    "proxy and PyPI, pulling none (for machines that reach no image "
                    "registry); cached by version, so a second create builds nothing")
-def create(project_dir: str | None, wait: str, build_images: bool) -> None:
+@click.option("--images-only", is_flag=True,
+              help="with --build-images: build (or find) every image, and create no cluster "
+                   "(to prepare a machine ahead of time)")
+def create(project_dir: str | None, wait: str, build_images: bool, images_only: bool) -> None:
     """Create the sandbox, or complete it; running it again changes nothing."""
     from michelangelo.sandbox import CreateOptions, create_sandbox
 
-    settings = create_sandbox(CreateOptions(project_root=project_dir, wait=wait,
-                                            build_images=build_images), click.echo)
+    options = CreateOptions(project_root=project_dir, wait=wait, build_images=build_images,
+                            images_only=images_only)
+    settings = create_sandbox(options, click.echo)
+    if settings is None:
+        click.echo("images ready; 'michelangelo sandbox create --build-images' now builds none")
+        return
     click.echo("sandbox ready:")
     click.echo(f"  kube context  {settings.kube_context} (namespace {settings.namespace})")
     click.echo(f"  image         {settings.image}")

@@ -21,7 +21,12 @@ from michelangelo.sandbox._build_steps import FILES
 from michelangelo.sandbox._commands import run
 from michelangelo.sandbox._doctor import doctor
 from michelangelo.sandbox._errors import SandboxError
-from michelangelo.sandbox._image import find_project_root, plan_image, write_context
+from michelangelo.sandbox._image import (
+    IMAGE_REPOSITORY,
+    find_project_root,
+    plan_image,
+    write_context,
+)
 from michelangelo.sandbox._kind_config import kind_config
 from michelangelo.sandbox._operator import operator_manifests
 from michelangelo.sandbox._settings import (
@@ -68,13 +73,19 @@ class CreateOptions:
             module proxy, PyPI) instead of pulling any: for machines that reach no image
             registry. The KubeRay operator is then applied from its release's own manifests
             (CRDs and RBAC role) instead of the helm chart.
+        images_only: With ``build_images``: build (or find) the images, runtime image
+            included, and stop there: no cluster, no settings file.
     """
 
     project_root: str | None = None
     wait: str = _WAIT
     build_images: bool = False
+    images_only: bool = False
 
     def __post_init__(self) -> None:
+        if self.images_only and not self.build_images:
+            raise SandboxError("images_only=True builds the images --build-images makes; "
+                               "pass build_images=True (--build-images) with it.")
         if not _DURATION.match(self.wait):
             raise SandboxError(f"wait={self.wait!r} is not a duration kubectl understands; "
                                "write a whole number with s, m or h, e.g. '300s' or '15m'.")
@@ -98,6 +109,12 @@ class Creator:
         self._built: BuiltImages | None = None
 
     def steps(self) -> list[tuple[str, Callable[[], str]]]:
+        if self.options.images_only:
+            return [
+                ("check tools", self.check_tools),
+                ("images built on this machine", self.build_images),
+                ("runtime image", self.build_image),
+            ]
         if self.options.build_images:
             return [
                 ("check tools", self.check_tools),
@@ -124,15 +141,15 @@ class Creator:
             ("settings file", self.write_settings),
         ]
 
-    def create(self) -> SandboxSettings:
-        """Run every step; returns the settings written at the end."""
+    def create(self) -> SandboxSettings | None:
+        """Run every step; returns the settings written at the end (None: images only)."""
         steps = self.steps()
         for number, (title, step) in enumerate(steps, 1):
             self.echo(f"[{number}/{len(steps)}] {title} ...")
             started = time.monotonic()
             outcome = step()
             self.echo(f"      {outcome} ({time.monotonic() - started:.1f} s)")
-        return self.settings
+        return None if self.options.images_only else self.settings
 
     # -- steps -----------------------------------------------------------------------------
     def check_tools(self) -> str:
@@ -273,12 +290,46 @@ class Creator:
                           for arg in ("--build-arg", f"{key}={value}")]
             run(("docker", "build", "--tag", plan.tag, *build_args, "--file", dockerfile,
                  context), timeout=3600)
-        return f"{plan.tag} built from {plan.base_image}"
+        removed = self._remove_older_images(plan.tag)
+        return f"{plan.tag} built from {plan.base_image}" + \
+            (f"; {removed} older one(s) removed" if removed else "")
+
+    @staticmethod
+    def _remove_older_images(current: str) -> int:
+        """Remove the runtime images earlier projects built (each is gigabytes; a new tag
+        supersedes them, and a later create rebuilds one if its project comes back). An
+        image a container still uses stays."""
+        listed = run(("docker", "images", IMAGE_REPOSITORY, "--format",
+                      "{{.Repository}}:{{.Tag}}")).stdout.split()
+        older = [tag for tag in listed if tag != current and not tag.endswith(":<none>")]
+        return sum(run(("docker", "image", "rm", tag), check=False).returncode == 0
+                   for tag in older)
 
     def load_image(self) -> str:
         # kind compares image IDs and skips nodes that already have it.
         run(("kind", "load", "docker-image", self._image, "--name", CLUSTER_NAME), timeout=900)
-        return f"{self._image} on the kind node"
+        removed = self._remove_older_node_images()
+        return f"{self._image} on the kind node" + \
+            (f"; {removed} older runtime image(s) removed from it" if removed else "")
+
+    def _remove_older_node_images(self) -> int:
+        """The node keeps its own copy of each runtime image loaded into it: remove those of
+        earlier projects (the node's disk is this machine's), but any a container still runs.
+        ``ctr`` is in every kind node image (``crictl`` is not in the one built here)."""
+        ctr = ("docker", "exec", f"{CLUSTER_NAME}-control-plane", "ctr", "--namespace",
+               "k8s.io")
+        images = run((*ctr, "images", "list", "--quiet"), check=False)
+        containers = run((*ctr, "containers", "list"), check=False)
+        if images.returncode != 0 or containers.returncode != 0:
+            return 0
+        in_use = {line.split()[1] for line in containers.stdout.splitlines()[1:]
+                  if len(line.split()) > 1}
+        current = self._image.split(":", 1)[1]
+        older = [ref for ref in images.stdout.split()
+                 if f"/{IMAGE_REPOSITORY}:" in ref and not ref.endswith(f":{current}")
+                 and ref not in in_use]
+        return sum(run((*ctr, "images", "remove", ref), check=False).returncode == 0
+                   for ref in older)
 
     def write_settings(self) -> str:
         path = write_sandbox_settings(self.settings)
@@ -304,6 +355,7 @@ class Creator:
 
 
 def create_sandbox(options: CreateOptions | None = None,
-                   echo: Callable[[str], None] = print) -> SandboxSettings:
-    """Create (or complete) the sandbox; see the module docstring for the steps."""
+                   echo: Callable[[str], None] = print) -> SandboxSettings | None:
+    """Create (or complete) the sandbox; see the module docstring for the steps. Returns the
+    settings written, or None when ``options.images_only`` built the images alone."""
     return Creator(options or CreateOptions(), echo).create()

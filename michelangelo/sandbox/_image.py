@@ -76,7 +76,7 @@ def plan_image(project_root: str, base: str | None = None,
         dockerfile: The Dockerfile (default: the one for the ``rayproject/ray`` base).
     """
     base = base or base_image()
-    args = {"BASE_IMAGE": base, "S3FS_VERSION": metadata.version("fsspec")}
+    args = {"BASE_IMAGE": base}
     digest = hashlib.sha256()
     with open(dockerfile, "rb") as handle:
         digest.update(handle.read())

@@ -117,6 +117,31 @@ def _docker(argv: list[str], state: dict, seen: dict) -> str:
                                                                        "0.0.0.0"),
                                                       "HostPort": str(m["hostPort"])}]
         return json.dumps(bindings)
+    if argv[:2] == ["network", "inspect"]:
+        # kind's network outlives the clusters; containers are attached while one runs
+        if argv[2] not in state.setdefault("networks", []):
+            raise _Fail(f"Error response from daemon: network {argv[2]} not found")
+        return str(len(state["clusters"]))
+    if argv[:2] == ["network", "rm"]:
+        state["networks"].remove(argv[2])
+        return argv[2]
+    if argv[:1] == ["images"]:  # docker images REPOSITORY --format {{.Repository}}:{{.Tag}}
+        return "\n".join(tag for tag in state["images"] if tag.split(":")[0] == argv[1])
+    if argv[:2] == ["image", "rm"]:
+        state["images"].remove(argv[2])
+        return f"Untagged: {argv[2]}"
+    if argv[:1] == ["exec"] and argv[2:5] == ["ctr", "--namespace", "k8s.io"]:
+        # the node's containerd names a loaded image as kind's load does (docker.io/library/)
+        what = argv[5:]
+        if what == ["images", "list", "--quiet"]:
+            return "\n".join(f"docker.io/library/{tag}" for tag in state["kind_images"])
+        if what == ["containers", "list"]:
+            return "CONTAINER    IMAGE    RUNTIME\n" + "\n".join(
+                f"c{i}    docker.io/library/{tag}    io.containerd.runc.v2"
+                for i, tag in enumerate(state.get("node_running", [])))
+        if what[:2] == ["images", "remove"]:
+            state["kind_images"].remove(what[2].removeprefix("docker.io/library/"))
+            return what[2]
     if argv[:2] == ["image", "inspect"]:
         if argv[2] not in state["images"]:
             raise _Fail(f"Error response from daemon: No such image: {argv[2]}")
@@ -158,6 +183,8 @@ def _kind(argv: list[str], state: dict, seen: dict) -> str:
             seen["config"] = json.load(handle)
         state["clusters"].append(name)
         state["contexts"].append(f"kind-{name}")
+        if "kind" not in state.setdefault("networks", []):
+            state["networks"].append("kind")
         state["node_ports"][name] = seen["config"]["nodes"][0].get("extraPortMappings", [])
         return f"Creating cluster \"{name}\" ...\nSet kubectl context to \"kind-{name}\""
     if name not in state["clusters"]:

@@ -45,6 +45,9 @@ def _argv(calls):
     return [[c["tool"], *c["argv"]] for c in calls]
 
 
+CTR = ["docker", "exec", "michelangelo-control-plane", "ctr", "--namespace", "k8s.io"]
+
+
 def test_first_run_command_sequence(runs):
     assert runs["first"].exit_code == 0, runs["first"].output
     settings = runs["settings"]
@@ -78,9 +81,10 @@ def test_first_run_command_sequence(runs):
         ["docker", "image", "inspect", settings.image],
         ["docker", "build", "--tag", settings.image,
          "--build-arg", f"BASE_IMAGE={base_image()}",
-         "--build-arg", f"S3FS_VERSION={build[7].split('=')[1]}",
          "--file", os.path.join(context, "Dockerfile"), context],
+        ["docker", "images", "michelangelo-sandbox", "--format", "{{.Repository}}:{{.Tag}}"],
         ["kind", "load", "docker-image", settings.image, "--name", "michelangelo"],
+        [*CTR, "images", "list", "--quiet"], [*CTR, "containers", "list"],
     ]
     assert config == os.path.join(os.path.dirname(runs["tools"].settings_path),
                                   "sandbox-kind.json")
@@ -194,6 +198,7 @@ def test_second_run_changes_nothing(runs):
          "job/minio-make-bucket", "--timeout=300s"],
         ["docker", "image", "inspect", image],
         ["kind", "load", "docker-image", image, "--name", "michelangelo"],
+        [*CTR, "images", "list", "--quiet"], [*CTR, "containers", "list"],
     ]
     # the same credentials (read back from the Secret), so MinIO keeps working
     assert runs["second_settings"] == runs["first_settings"]
@@ -220,6 +225,14 @@ def test_bad_wait_is_refused_before_any_command(tools):
     assert tools.commands() == []
 
 
+def test_images_only_without_build_images_is_refused_before_any_command(tools):
+    result = tools.invoke("create", "--images-only")
+    assert result.exit_code == 1
+    assert "images_only=True builds the images --build-images makes" in result.output
+    assert "pass build_images=True (--build-images) with it" in result.output
+    assert tools.commands() == []
+
+
 def test_existing_cluster_without_port_mappings_is_refused(created):
     tools = created
     state = tools.state()
@@ -234,3 +247,33 @@ def test_existing_cluster_without_port_mappings_is_refused(created):
     assert "run 'michelangelo sandbox delete', then 'michelangelo sandbox create'" \
         in result.output
     assert [c[:2] for c in tools.commands()][-2:] == [["kind", "get"], ["docker", "inspect"]]
+
+
+def test_a_changed_project_replaces_its_older_runtime_image_here_and_on_the_node(created):
+    tools = created
+    before = tools.state()
+    (old,) = [t for t in before["images"] if t.startswith("michelangelo-sandbox:")]
+    assert before["kind_images"] == [old]
+    with open(os.path.join(tools.project, "michelangelo", "__init__.py"), "a") as handle:
+        handle.write("# changed\n")
+
+    result = tools.invoke("create", "--project-dir", tools.project)
+    assert result.exit_code == 0, result.output
+    (new,) = [t for t in tools.state()["images"] if t.startswith("michelangelo-sandbox:")]
+    assert new != old and tools.state()["kind_images"] == [new]
+    assert "1 older one(s) removed" in result.output
+    assert "1 older runtime image(s) removed from it" in result.output
+    assert [*CTR, "images", "remove", f"docker.io/library/{old}"] in tools.commands()
+
+
+def test_a_runtime_image_a_container_runs_stays_on_the_node(created):
+    tools = created
+    (old,) = tools.state()["kind_images"]
+    tools.set_state(node_running=[old])  # e.g. a RayService made by an earlier project
+    with open(os.path.join(tools.project, "michelangelo", "__init__.py"), "a") as handle:
+        handle.write("# changed\n")
+
+    result = tools.invoke("create", "--project-dir", tools.project)
+    assert result.exit_code == 0, result.output
+    assert old in tools.state()["kind_images"] and len(tools.state()["kind_images"]) == 2
+    assert "removed from it" not in result.output

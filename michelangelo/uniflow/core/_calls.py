@@ -25,7 +25,7 @@ from michelangelo.uniflow.core._remote import (
     read_remote_result,
 )
 from michelangelo.uniflow.core._runtime import CallInfo, reset_current_call, set_current_call
-from michelangelo.uniflow.core._storage import Storage
+from michelangelo.uniflow.core._storage import Storage, default_storage_url
 from michelangelo.uniflow.core._timeout import time_limit
 from michelangelo.uniflow.core._values import (
     MISSING,
@@ -193,8 +193,11 @@ class TaskCalls:
         raise summarized(task_failed(last_exc, label), self.reporter)
 
     def _logs_command(self, call_id: str) -> str:
+        """The command that prints the task's whole log, from any shell: the storage is
+        named unless it is the default one (``$UF_STORAGE_URL`` may be set only here, as a
+        ``--sandbox`` run sets it for itself)."""
         command = f"michelangelo runs logs {self.run_id} {call_id}"
-        if self.storage.url != Storage().url:
+        if self.storage.url != default_storage_url():
             command += f" --storage-url {self.storage.url}"
         return command
 

@@ -15,9 +15,14 @@ ENV_STORAGE_URL = "UF_STORAGE_URL"
 _DEFAULT_ROOT = os.path.join("~", ".michelangelo", "uniflow")
 
 
+def default_storage_url() -> str:
+    """The storage root when ``$UF_STORAGE_URL`` is not set: ``~/.michelangelo/uniflow``."""
+    return os.path.abspath(os.path.expanduser(_DEFAULT_ROOT))
+
+
 def storage_url() -> str:
     """The storage root: ``$UF_STORAGE_URL`` or ``~/.michelangelo/uniflow``."""
-    url = os.environ.get(ENV_STORAGE_URL) or os.path.expanduser(_DEFAULT_ROOT)
+    url = os.environ.get(ENV_STORAGE_URL) or default_storage_url()
     if "://" not in url:
         url = os.path.abspath(os.path.expanduser(url))
     return url.rstrip("/")

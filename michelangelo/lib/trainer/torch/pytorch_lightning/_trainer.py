@@ -17,6 +17,7 @@ from ray.train.torch import TorchTrainer
 
 from michelangelo.errors import InputError
 from michelangelo.lib.trainer.torch.pytorch_lightning._checkpoints import (
+    as_storage_uri,
     experiment_dir_of,
     plan_resume,
     run_output_dir,
@@ -235,12 +236,14 @@ class LightningTrainer(TorchTrainer):
             metrics = {**take_debug_metrics(self._debug_metrics_key), **metrics}
         if self.global_batch_size is not None:  # else the workers measured it (a DataModule)
             metrics["global_batch_size"] = self.global_batch_size
-        checkpoint_path = result.checkpoint.path if result.checkpoint is not None else None
+        checkpoint_path = as_storage_uri(
+            result.checkpoint.path if result.checkpoint is not None else None, self.run_config)
         self._say_what_the_flags_did(checkpoint_path)
         observer = self.trainer_param.training_observer
         if observer is not None:
             observer.on_result(dict(metrics), checkpoint_path)
-        return {"checkpoint_path": checkpoint_path, "path": result.path, "metrics": metrics}
+        return {"checkpoint_path": checkpoint_path,
+                "path": as_storage_uri(result.path, self.run_config), "metrics": metrics}
 
     def _say_what_the_flags_did(self, checkpoint_path: str | None) -> None:
         """After a run with Lightning's debugging flags: what they left, and where."""

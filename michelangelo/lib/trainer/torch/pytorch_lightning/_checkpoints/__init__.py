@@ -12,6 +12,7 @@ from michelangelo.lib.trainer.torch.pytorch_lightning._checkpoints._experiment_s
 )
 from michelangelo.lib.trainer.torch.pytorch_lightning._checkpoints._resume import (
     ResumePlan,
+    as_storage_uri,
     experiment_dir_of,
     plan_resume,
     run_output_dir,
@@ -21,6 +22,7 @@ __all__ = [
     "ExperimentStore",
     "FsspecExperimentStore",
     "ResumePlan",
+    "as_storage_uri",
     "experiment_dir_of",
     "latest_checkpoint_dir",
     "plan_resume",

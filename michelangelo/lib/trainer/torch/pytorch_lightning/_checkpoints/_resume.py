@@ -41,6 +41,22 @@ def experiment_dir_of(run_config: Any) -> str | None:
     return posixpath.join(str(run_config.storage_path).rstrip("/"), run_config.name)
 
 
+def as_storage_uri(path: str | None, run_config: Any) -> str | None:
+    """A path Ray Train returned (a result's or a checkpoint's), as a URI of the run's storage.
+
+    Ray gives those paths on its own filesystem object, so for ``storage_path="s3://b/p"``
+    a checkpoint's path reads ``b/p/<name>/checkpoint_...``: without the scheme, neither the
+    registry nor fsspec on another machine finds it. Local storage keeps its plain paths.
+    """
+    storage = str(run_config.storage_path or "")
+    if path is None or "://" not in storage or "://" in path:
+        return path
+    scheme = storage.split("://", 1)[0]
+    if scheme in ("file", "local"):
+        return path
+    return f"{scheme}://{path.lstrip('/')}"
+
+
 def run_output_dir(run_config: Any, leaf: str) -> str:
     """``<storage_path>/<name>/<leaf>``: where a run keeps one kind of output (Ray's default
     storage when the run names none)."""

@@ -121,3 +121,20 @@ def test_store_resumes_when_ray_state_is_gone(tmp_path, caplog):
     starts = read_records(str(records), "train_start")
     assert [s["global_step"] for s in starts] == [2, 2]
     assert result["metrics"]["step"] == 4
+
+
+@pytest.mark.parametrize(("storage", "ray_path", "expected"), [
+    # Ray Train's paths on an object store lack the scheme (pyarrow's S3 paths: bucket/key)
+    ("s3://bucket/uniflow/ray", "bucket/uniflow/ray/run/checkpoint_0",
+     "s3://bucket/uniflow/ray/run/checkpoint_0"),
+    ("gs://bucket/ray/", "bucket/ray/run", "gs://bucket/ray/run"),
+    # local storage keeps its plain paths, and a path that is a URI already stays one
+    ("/tmp/ray", "/tmp/ray/run/checkpoint_0", "/tmp/ray/run/checkpoint_0"),
+    ("file:///tmp/ray", "/tmp/ray/run/checkpoint_0", "/tmp/ray/run/checkpoint_0"),
+    ("s3://bucket/ray", "s3://bucket/ray/run", "s3://bucket/ray/run"),
+    ("s3://bucket/ray", None, None),
+])
+def test_result_paths_become_uris_of_the_runs_storage(storage, ray_path, expected):
+    from michelangelo.lib.trainer.torch.pytorch_lightning._checkpoints import as_storage_uri
+
+    assert as_storage_uri(ray_path, RunConfig(storage_path=storage, name="run")) == expected
