@@ -104,19 +104,17 @@ lint: setup
 	$(BIN)/ruff check michelangelo tests bench examples
 
 # The kind sandbox for real (see docs/sandbox.md): a Docker engine (started here, and stopped
-# afterwards, only when none answers: tools/docker_engine.sh), then create the sandbox, run the
-# quickstart on a RayCluster there, and delete it, also when a step fails. SANDBOX_CREATE
-# defaults to building every image on this machine (no image registry needed); set it empty to
-# pull the published images instead.
+# afterwards, only when none answers: tools/docker_engine.sh), then the end-to-end tests make
+# test runs too (tests/sandbox/e2e): doctor, create, status, a capacity refusal, Ctrl-C while
+# a RayCluster provisions, the quickstart serving as a RayService, and delete, which leaves
+# nothing behind. SANDBOX_CREATE defaults to building every image on this machine (no image
+# registry needed); set it empty to pull the published images instead.
 SANDBOX_CREATE ?= --build-images
 sandbox-e2e: setup
-	@set -e; bash tools/docker_engine.sh start; \
-	trap '$(BIN)/michelangelo sandbox delete; bash tools/docker_engine.sh stop' EXIT; \
-	$(BIN)/michelangelo sandbox doctor $(SANDBOX_CREATE); \
-	$(BIN)/michelangelo sandbox create $(SANDBOX_CREATE); \
-	$(BIN)/michelangelo sandbox status; \
-	$(BIN)/michelangelo run examples/quickstart/workflow.py:quickstart --kuberay --sandbox \
-	  --arg n_rows=1000 --arg epochs=1
+	@bash tools/docker_engine.sh start || exit 1; status=0; \
+	SANDBOX_CREATE="$(SANDBOX_CREATE)" $(BIN)/python -m pytest -s -q -p no:cacheprovider \
+	  -m sandbox tests/sandbox/e2e || status=$$?; \
+	bash tools/docker_engine.sh stop; exit $$status
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -102,10 +102,14 @@ def debian_release() -> str:
     return release
 
 
+def base_image_tag() -> str:
+    """The tag of the Debian base image for this client's Python."""
+    return f"{_REPO}/debian:{debian_release()}"
+
+
 def base_image(builds: Builds) -> str:
     """A minimal Debian image made by ``debootstrap`` (no registry involved)."""
-    release = debian_release()
-    tag = f"{_REPO}/debian:{release}"
+    release, tag = debian_release(), base_image_tag()
     return builds.ensure(tag, lambda: _debootstrap(release, tag), "debootstrap --variant=minbase")
 
 

@@ -14,7 +14,9 @@ import socket
 import subprocess
 from dataclasses import dataclass
 
+from michelangelo.sandbox._build_images import base_image_tag
 from michelangelo.sandbox._commands import find_tool
+from michelangelo.sandbox._errors import SandboxError
 
 _TIMEOUT_S = 30.0
 _VERSION = re.compile(r"v?(\d+)\.(\d+)(?:\.(\d+))?")
@@ -227,11 +229,32 @@ def check_engine_setup() -> list[ToolReport]:
     return reports
 
 
+def _present_base_image() -> str | None:
+    """The Debian base image's tag when Docker already holds it."""
+    docker = find_tool("docker")
+    try:
+        tag = base_image_tag()
+    except SandboxError:
+        return None  # no Debian for this Python: the create step says so
+    if docker is None:
+        return None
+    try:
+        found = subprocess.run([docker, "image", "inspect", tag], capture_output=True,
+                               timeout=30, check=False, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return tag if found.returncode == 0 else None
+
+
 def check_build_tools() -> list[ToolReport]:
     """What ``--build-images`` needs: Go (and a module proxy), debootstrap, and root."""
     reports = [check_tool(ToolSpec(
         "go", ("go", "version"), (1, 26, 0), "builds Kubernetes, kind, etcd, CoreDNS, KubeRay "
         "and MinIO from the Go module proxy", "install Go 1.26 or newer (https://go.dev/dl)"))]
+    base = _present_base_image()
+    if base is not None:  # made by an earlier create: debootstrap is not needed again
+        reports.append(ToolReport("debootstrap", base, "not needed", True))
+        return reports
     path = shutil.which("debootstrap")
     root = os.geteuid() == 0
     reports.append(ToolReport(

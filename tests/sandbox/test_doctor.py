@@ -84,6 +84,18 @@ def test_build_images_needs_go_and_debootstrap_not_helm(tmp_path, monkeypatch):
     assert result.exit_code == 1
 
 
+def test_build_images_needs_no_debootstrap_once_the_base_image_is_there(tmp_path, monkeypatch):
+    from michelangelo.sandbox._build_images import base_image_tag
+
+    tools = make_tools(tmp_path, monkeypatch,
+                       tuple(t for t in _tool_doubles.TOOLS if t not in ("helm", "kind")))
+    tools.set_state(images=[*tools.state()["images"], base_image_tag()])
+    result = tools.invoke("doctor", "--build-images")
+    assert re.search(rf"^ok +debootstrap +not needed +{re.escape(base_image_tag())}$",
+                     result.output, re.MULTILINE), result.output
+    assert "FAIL go " in result.output  # Go is still needed (and still missing here)
+
+
 def test_missing_capabilities_read_from_the_bounding_set():
     every = (1 << 41) - 1
     status = f"Name:\tx\nCapBnd:\t{every:016x}\n"

@@ -20,6 +20,9 @@ import pytest
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), *[".."] * 3))
 BIN = os.path.dirname(sys.executable)
 KUBECTL_CONTEXT = "kind-michelangelo"
+# How the sandbox is made: every image built here (make test, and make sandbox-e2e's default),
+# or, set empty, pulled from the registries (make sandbox-e2e SANDBOX_CREATE=).
+CREATE_FLAGS = os.environ.get("SANDBOX_CREATE", "--build-images").split()
 
 
 def cli_env() -> dict[str, str]:
@@ -96,8 +99,8 @@ def before_sandbox() -> dict[str, set[str]]:
 def sandbox(before_sandbox):
     """The sandbox, created once (``doctor`` first, as the docs say); deleted at the end when
     the last test has not done it already."""
-    michelangelo("sandbox", "doctor", "--build-images", timeout=120)
-    created = michelangelo("sandbox", "create", "--build-images", timeout=3600)
+    michelangelo("sandbox", "doctor", *CREATE_FLAGS, timeout=120)
+    created = michelangelo("sandbox", "create", *CREATE_FLAGS, timeout=3600)
     try:
         yield created.stdout
     finally:
