@@ -20,7 +20,7 @@
 # build/lane2.log and printed once the main run is done. A third lane, once the set-up is done,
 # starts the Docker engine and builds the sandbox's images (`sandbox create --build-images
 # --images-only`: Debian's packages, the Go module proxy, PyPI; cached, so a warm one returns
-# in seconds) at low priority (nice 19 for the Go builds, an engine at nice 10 for the image
+# in seconds) at low priority (nice 19 for the Go builds and for an engine whose containers run the image
 # builds), so the other runs keep the cores they need; its log is build/lane3.log. The sandbox
 # run comes last, alone, when all three lanes are done: it starts a kind cluster with a Ray
 # cluster or two on it, which needs the cores. SANDBOX_E2E=0 leaves it out (for a machine with
@@ -63,7 +63,7 @@ lane2() {
 lane3() {
     while [ ! -e build/.setup-done ]; do sleep 2; done
     stamp "the Docker engine, then the sandbox's images"
-    DOCKER_ENGINE_NICE=10 bash tools/docker_engine.sh start || return 1
+    DOCKER_ENGINE_NICE=19 bash tools/docker_engine.sh start || return 1
     nice -n 19 "$BIN/michelangelo" sandbox create --build-images --images-only || return 1
     stamp "sandbox images done"
 }

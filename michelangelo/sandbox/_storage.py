@@ -48,13 +48,15 @@ def storage_manifests(namespace: str, access_key: str, secret_key: str, *,
         "apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": STORAGE_SECRET, "namespace": namespace, "labels": dict(_LABELS)},
         "type": "Opaque",
-        "stringData": {
+        # data, not stringData: kubectl keeps stringData in its last-applied annotation while
+        # the live Secret holds data only, so every apply of it reported "configured".
+        "data": {key: base64.b64encode(value.encode()).decode() for key, value in {
             "AWS_ACCESS_KEY_ID": access_key,
             "AWS_SECRET_ACCESS_KEY": secret_key,
             "AWS_ENDPOINT_URL": endpoint,
             "AWS_REGION": "us-east-1",
             "FSSPEC_S3_ENDPOINT_URL": endpoint,
-        },
+        }.items()},
     }
     root_env = [
         {"name": "MINIO_ROOT_USER", "valueFrom": {"secretKeyRef": {

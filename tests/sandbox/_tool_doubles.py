@@ -262,9 +262,14 @@ def _kubectl(argv: list[str], state: dict, seen: dict, stdin: str) -> str:
         lines = []
         for item in json.loads(stdin)["items"]:
             item = dict(item)
-            if item["kind"] == "Secret":
+            if item["kind"] == "Secret" and "stringData" in item:
+                # the API server folds stringData into data; kubectl's last-applied
+                # annotation keeps stringData, so each apply of it is a change
                 item["data"] = {k: base64.b64encode(v.encode()).decode()
                                 for k, v in item.pop("stringData").items()}
+                item["_string_data_applied"] = objects.get(
+                    f"Secret/{item['metadata'].get('namespace', '')}/"
+                    f"{item['metadata']['name']}", {}).get("_string_data_applied", 0) + 1
             ns = item["metadata"].get("namespace", "")
             key = f"{item['kind']}/{ns}/{item['metadata']['name']}"
             if item["kind"] == "Deployment":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -120,7 +121,8 @@ def test_storage_manifests(runs):
     namespace, secret, deployment, service, job = items
     assert all(i["metadata"]["namespace"] == "michelangelo" for i in items[1:])
     endpoint = "http://minio.michelangelo.svc.cluster.local:9000"
-    assert secret["stringData"] == {
+    assert "stringData" not in secret
+    assert {k: base64.b64decode(v).decode() for k, v in secret["data"].items()} == {
         "AWS_ACCESS_KEY_ID": settings.access_key, "AWS_SECRET_ACCESS_KEY": settings.secret_key,
         "AWS_ENDPOINT_URL": endpoint, "AWS_REGION": "us-east-1",
         "FSSPEC_S3_ENDPOINT_URL": endpoint}

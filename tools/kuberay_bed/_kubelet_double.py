@@ -453,9 +453,9 @@ class KubeletDouble:
             port = str(probe.http_get.port)
             url = f"http://{record.ip}:{record.ports.get(port, port)}{probe.http_get.path or '/'}"
             ok = _http_ok(url, timeout, None)
-        elif probe.var_exec is not None:
+        elif (action := _exec_action(probe)) is not None:
             # KubeRay's exec probe: `wget ... http://localhost:PORT/PATH | grep success && ...`
-            script = " ".join(probe.var_exec.command or [])
+            script = " ".join(action.command or [])
             urls = re.findall(r"http://(?:localhost|127\.0\.0\.1):(\d+)(/\S*)", script)
             ok = bool(urls) and all(
                 _http_ok(f"http://{record.ip}:{record.ports.get(p, p)}{path}", timeout,
@@ -612,3 +612,12 @@ def _http_ok(url: str, timeout: float, needle: str | None) -> bool:
             return response.status == 200 and (needle is None or needle in body)
     except Exception:
         return False
+
+
+def _exec_action(probe: Any) -> Any:
+    """A probe's ``exec`` action: the client names the attribute ``_exec`` up to 36.x and
+    ``var_exec`` from 37 (``exec`` is a Python keyword)."""
+    for name in ("var_exec", "_exec"):
+        if hasattr(probe, name):
+            return getattr(probe, name)
+    return None

@@ -37,10 +37,10 @@ pytestmark = pytest.mark.timeout(1800)
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     logs = tmp_path_factory.mktemp("remote-cluster-logs")
-    # The quickstart's RayTask: a 1-CPU head and two 2-CPU workers, 2 GiB each.
+    # The quickstart's RayTask: a 1-CPU head with 4 GiB and two 2-CPU workers with 2 GiB.
     remote = _remote_cluster.start(
         workers=[{"num-cpus": "2", **NODE}, {"num-cpus": "2", **NODE}],
-        head={"num-cpus": "1", **NODE},
+        head={"num-cpus": "1", **NODE, "memory": str(4 * 2**30)},
         log_dir=str(logs),
     )
     try:
