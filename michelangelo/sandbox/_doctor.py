@@ -15,6 +15,7 @@ import subprocess
 from dataclasses import dataclass
 
 from michelangelo.sandbox._build_images import base_image_tag
+from michelangelo.sandbox._build_steps import image_exists
 from michelangelo.sandbox._commands import find_tool
 from michelangelo.sandbox._errors import SandboxError
 
@@ -231,19 +232,11 @@ def check_engine_setup() -> list[ToolReport]:
 
 def _present_base_image() -> str | None:
     """The Debian base image's tag when Docker already holds it."""
-    docker = find_tool("docker")
     try:
         tag = base_image_tag()
+        return tag if image_exists(tag) else None
     except SandboxError:
-        return None  # no Debian for this Python: the create step says so
-    if docker is None:
-        return None
-    try:
-        found = subprocess.run([docker, "image", "inspect", tag], capture_output=True,
-                               timeout=30, check=False, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return tag if found.returncode == 0 else None
+        return None  # no Debian for this Python (the create step says so), or no docker
 
 
 def check_build_tools() -> list[ToolReport]:

@@ -142,10 +142,10 @@ def _docker(argv: list[str], state: dict, seen: dict) -> str:
         if what[:2] == ["images", "remove"]:
             state["kind_images"].remove(what[2].removeprefix("docker.io/library/"))
             return what[2]
-    if argv[:2] == ["image", "inspect"]:
-        if argv[2] not in state["images"]:
-            raise _Fail(f"Error response from daemon: No such image: {argv[2]}")
-        return json.dumps([{"RepoTags": [argv[2]]}])
+    if argv[:2] == ["image", "inspect"]:  # [--format TEMPLATE] TAG
+        if argv[-1] not in state["images"]:
+            raise _Fail(f"Error response from daemon: No such image: {argv[-1]}")
+        return json.dumps([{"RepoTags": [argv[-1]]}])
     if argv[:1] == ["build"]:
         args = argv[1:]
         tag = _flag(args, "--tag")
