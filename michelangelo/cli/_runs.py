@@ -39,8 +39,7 @@ def _reach_sandbox_bucket(url: str) -> None:
         return
     root = sandbox.storage_url.rstrip("/")
     if url.rstrip("/") == root or url.startswith(root + "/"):
-        for key, value in sandbox.client_environment().items():
-            os.environ.setdefault(key, value)
+        sandbox.use_client_environment()
 
 
 def _when(ts: float | None) -> str:

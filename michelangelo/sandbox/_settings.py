@@ -98,6 +98,11 @@ class SandboxSettings:
                 "AWS_ENDPOINT_URL": self.s3_endpoint,
                 "FSSPEC_S3_ENDPOINT_URL": self.s3_endpoint}
 
+    def use_client_environment(self) -> None:
+        """Point this process's s3fs/botocore at the sandbox; what is set already wins."""
+        for key, value in self.client_environment().items():
+            os.environ.setdefault(key, value)
+
 
 def load_sandbox_settings(path: str | None = None) -> SandboxSettings:
     """Read the settings ``sandbox create`` wrote.

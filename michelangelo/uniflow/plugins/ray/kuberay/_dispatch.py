@@ -113,8 +113,7 @@ def _use_sandbox_storage() -> None:
 
     sandbox = load_sandbox_settings()
     os.environ.setdefault("UF_STORAGE_URL", sandbox.storage_url)
-    for key, value in sandbox.client_environment().items():
-        os.environ.setdefault(key, value)
+    sandbox.use_client_environment()
 
 
 def _no_check(mode: str, value: Any, options: dict[str, Any]) -> None:
