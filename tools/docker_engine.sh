@@ -4,7 +4,8 @@
 #   bash tools/docker_engine.sh start   # returns once `docker info` answers
 #   bash tools/docker_engine.sh stop    # stops the engine `start` started, nothing else
 #
-# start does nothing when an engine already answers. Otherwise, where it runs as root: it
+# start installs Debian's debootstrap when missing (the image builds need it), and does
+# nothing more when an engine already answers. Otherwise, where it runs as root: it
 # installs Debian's docker.io when dockerd is missing (and apt-get is there), creates
 # /lib/modules when missing (kind mounts it into its node), and starts dockerd with the
 # overlay2 storage driver. Where this machine's capability bounding set lacks a capability
@@ -23,15 +24,28 @@ log() { echo "[docker-engine $(date +%H:%M:%S)] $*" >&2; }
 
 engine_answers() { docker info --format '{{.ServerVersion}}' >/dev/null 2>&1; }
 
+# debootstrap makes the base image of `sandbox create --build-images`; a fresh machine has
+# neither it nor an engine. Installed, as root with apt-get, only when missing.
+os_packages() {
+    local wanted=()
+    if ! engine_answers && ! command -v dockerd >/dev/null 2>&1; then wanted+=(docker.io); fi
+    if ! command -v debootstrap >/dev/null 2>&1 && [ ! -x /usr/sbin/debootstrap ]; then wanted+=(debootstrap); fi
+    [ ${#wanted[@]} -gt 0 ] || return 0
+    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+        log "missing ${wanted[*]}, and apt-get cannot run as root here: install them with your package manager"; return 0
+    fi
+    log "installing Debian's ${wanted[*]}"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${wanted[@]}" >/dev/null
+}
+
 start() {
+    os_packages
     if engine_answers; then log "an engine already answers: $(docker info --format '{{.ServerVersion}}'); kept"; return 0; fi
     if [ "$(id -u)" != 0 ]; then
         echo "error: no Docker engine answers and this is not root: start Docker (e.g. 'sudo systemctl start docker')" >&2; return 2
     fi
     if ! command -v dockerd >/dev/null 2>&1; then
-        command -v apt-get >/dev/null 2>&1 || { echo "error: no dockerd and no apt-get to install Debian's docker.io" >&2; return 2; }
-        log "installing Debian's docker.io"
-        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker.io >/dev/null
+        echo "error: no dockerd, and Debian's docker.io could not be installed (no apt-get?)" >&2; return 2
     fi
     mkdir -p /lib/modules "$STATE"
     local runtime_args=() missing
