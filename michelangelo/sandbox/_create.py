@@ -28,6 +28,7 @@ from michelangelo.sandbox._image import (
     write_context,
 )
 from michelangelo.sandbox._kind_config import kind_config
+from michelangelo.sandbox._node_images import ImageLoad, NodeImages
 from michelangelo.sandbox._operator import operator_manifests
 from michelangelo.sandbox._settings import (
     BUCKET,
@@ -55,6 +56,8 @@ from michelangelo.sandbox._storage import (
 KUBERAY_REPO = ("kuberay", "https://ray-project.github.io/kuberay-helm/")
 KUBERAY_RELEASE = "kuberay-operator"
 _WAIT = "300s"
+_LOAD_TIMEOUT_S = 900.0
+NODE = f"{CLUSTER_NAME}-control-plane"
 
 
 _DURATION = re.compile(r"^([1-9][0-9]*)(s|m|h)$")
@@ -107,6 +110,8 @@ class Creator:
         self._credentials: tuple[str, str] | None = None
         self._image: str | None = None
         self._built: BuiltImages | None = None
+        self._node = NodeImages(NODE)
+        self._loading: ImageLoad | None = None
 
     def steps(self) -> list[tuple[str, Callable[[], str]]]:
         if self.options.images_only:
@@ -115,40 +120,48 @@ class Creator:
                 ("images built on this machine", self.build_images),
                 ("runtime image", self.build_image),
             ]
+        # The runtime image (gigabytes) streams into the node in the background while the
+        # operator and MinIO roll out; the last step before the settings waits for it.
         if self.options.build_images:
             return [
                 ("check tools", self.check_tools),
                 ("images built on this machine", self.build_images),
+                ("runtime image", self.build_image),
                 (f"kind cluster '{CLUSTER_NAME}'", self.kind_cluster),
                 (f"kubeconfig context '{KUBE_CONTEXT}'", self.kube_context),
                 ("operator and storage images loaded into kind", self.load_built_images),
+                ("runtime image load into kind", self.start_image_load),
                 ("KubeRay operator (its release's manifests)", self.kuberay_manifests),
                 (f"MinIO and its credentials Secret '{STORAGE_SECRET}'", self.minio),
                 (f"bucket '{BUCKET}'", self.bucket),
-                ("runtime image", self.build_image),
-                ("image loaded into kind", self.load_image),
+                ("runtime image loaded into kind", self.load_image),
                 ("settings file", self.write_settings),
             ]
         return [
             ("check tools", self.check_tools),
+            ("runtime image", self.build_image),
             (f"kind cluster '{CLUSTER_NAME}'", self.kind_cluster),
             (f"kubeconfig context '{KUBE_CONTEXT}'", self.kube_context),
+            ("runtime image load into kind", self.start_image_load),
             (f"KubeRay operator {KUBERAY_VERSION} (helm)", self.kuberay),
             (f"MinIO and its credentials Secret '{STORAGE_SECRET}'", self.minio),
             (f"bucket '{BUCKET}'", self.bucket),
-            ("runtime image", self.build_image),
-            ("image loaded into kind", self.load_image),
+            ("runtime image loaded into kind", self.load_image),
             ("settings file", self.write_settings),
         ]
 
     def create(self) -> SandboxSettings | None:
         """Run every step; returns the settings written at the end (None: images only)."""
         steps = self.steps()
-        for number, (title, step) in enumerate(steps, 1):
-            self.echo(f"[{number}/{len(steps)}] {title} ...")
-            started = time.monotonic()
-            outcome = step()
-            self.echo(f"      {outcome} ({time.monotonic() - started:.1f} s)")
+        try:
+            for number, (title, step) in enumerate(steps, 1):
+                self.echo(f"[{number}/{len(steps)}] {title} ...")
+                started = time.monotonic()
+                outcome = step()
+                self.echo(f"      {outcome} ({time.monotonic() - started:.1f} s)")
+        finally:
+            if self._loading is not None:  # a step failed, or Ctrl-C, while it streamed
+                self._loading.stop()
         return None if self.options.images_only else self.settings
 
     # -- steps -----------------------------------------------------------------------------
@@ -189,7 +202,7 @@ class Creator:
         # kind cannot add port mappings to an existing cluster: one made without them (by
         # hand, or by an older version) must be recreated, and saying so beats a run that
         # cannot reach MinIO later.
-        node = f"{CLUSTER_NAME}-control-plane"
+        node = NODE
         found = run(("docker", "inspect", "--format", "{{json .HostConfig.PortBindings}}",
                      node)).stdout
         bindings = json.loads(found or "{}") or {}
@@ -228,9 +241,12 @@ class Creator:
 
     def load_built_images(self) -> str:
         built = self._built
-        for tag in (built.operator, built.minio, built.mc):
-            run(("kind", "load", "docker-image", tag, "--name", CLUSTER_NAME), timeout=900)
-        return f"{built.operator}, {built.minio}, {built.mc}"
+        tags = (built.operator, built.minio, built.mc)
+        missing = self._node.missing(tags)
+        if not missing:
+            return f"{', '.join(tags)} on the node, kept"
+        seconds = self._finish_load(self._node.start(missing))
+        return f"{', '.join(missing)} loaded in {seconds:.0f} s"
 
     def kuberay_manifests(self) -> str:
         built = self._built
@@ -305,19 +321,31 @@ class Creator:
         return sum(run(("docker", "image", "rm", tag), check=False).returncode == 0
                    for tag in older)
 
+    def start_image_load(self) -> str:
+        if not self._node.missing([self._image]):
+            return f"{self._image} on the node, kept"
+        self._loading = self._node.start([self._image])
+        return f"{self._image} streaming into the node while the next steps run"
+
     def load_image(self) -> str:
-        # kind compares image IDs and skips nodes that already have it.
-        run(("kind", "load", "docker-image", self._image, "--name", CLUSTER_NAME), timeout=900)
+        outcome = f"{self._image} on the kind node"
+        if self._loading is not None:
+            outcome += f", loaded in {self._finish_load(self._loading):.0f} s"
         removed = self._remove_older_node_images()
-        return f"{self._image} on the kind node" + \
-            (f"; {removed} older runtime image(s) removed from it" if removed else "")
+        return outcome + (f"; {removed} older runtime image(s) removed from it" if removed
+                          else "")
+
+    def _finish_load(self, load: ImageLoad) -> float:
+        self._loading = load  # stopped by create() if this wait is interrupted
+        seconds = load.wait(_LOAD_TIMEOUT_S)
+        self._loading = None
+        return seconds
 
     def _remove_older_node_images(self) -> int:
         """The node keeps its own copy of each runtime image loaded into it: remove those of
         earlier projects (the node's disk is this machine's), but any a container still runs.
         ``ctr`` is in every kind node image (``crictl`` is not in the one built here)."""
-        ctr = ("docker", "exec", f"{CLUSTER_NAME}-control-plane", "ctr", "--namespace",
-               "k8s.io")
+        ctr = self._node.ctr
         images = run((*ctr, "images", "list", "--quiet"), check=False)
         containers = run((*ctr, "containers", "list"), check=False)
         if images.returncode != 0 or containers.returncode != 0:

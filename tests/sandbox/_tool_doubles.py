@@ -18,6 +18,8 @@ new command cannot pass unnoticed. Runs with ``python -I -S`` (standard library 
 from __future__ import annotations
 
 import base64
+import fcntl
+import hashlib
 import json
 import os
 import sys
@@ -87,7 +89,7 @@ def _flag(argv: list[str], name: str) -> str | None:
     return None
 
 
-def _docker(argv: list[str], state: dict, seen: dict) -> str:
+def _docker(argv: list[str], state: dict, seen: dict, stdin: str = "") -> str:
     if argv == ["--version"]:
         return state["versions"]["docker"]
     if argv[:1] == ["info"]:
@@ -130,11 +132,35 @@ def _docker(argv: list[str], state: dict, seen: dict) -> str:
     if argv[:2] == ["image", "rm"]:
         state["images"].remove(argv[2])
         return f"Untagged: {argv[2]}"
+    if argv[:2] == ["exec", "-i"] and argv[3:6] == ["ctr", "--namespace", "k8s.io"] \
+            and argv[6:8] == ["images", "import"] and argv[-1] == "-":
+        # what 'docker save' streamed in (the stand-in's archive names its tags)
+        for tag in json.loads(stdin)["archive"]:
+            if tag not in state["kind_images"]:
+                state["kind_images"].append(tag)
+        return "unpacking ... done"
+    if argv[:1] == ["exec"] and argv[2:] == ["containerd", "config", "dump"]:
+        return ('[plugins."io.containerd.grpc.v1.cri".containerd]\n'
+                '  snapshotter = "overlayfs"\n')
     if argv[:1] == ["exec"] and argv[2:5] == ["ctr", "--namespace", "k8s.io"]:
         # the node's containerd names a loaded image as kind's load does (docker.io/library/)
         what = argv[5:]
+        labels = state.setdefault("node_labels", {})
         if what == ["images", "list", "--quiet"]:
             return "\n".join(f"docker.io/library/{tag}" for tag in state["kind_images"])
+        if what == ["images", "list"]:
+            return "REF TYPE DIGEST SIZE PLATFORMS LABELS\n" + "\n".join(
+                f"docker.io/library/{tag} application/vnd.docker.distribution.manifest.v2+json "
+                f"sha256:{'1' * 64} 1.2 GiB linux/amd64 "
+                + (f"michelangelo.sandbox/docker-image-id={labels[tag]}" if tag in labels
+                   else "-")
+                for tag in state["kind_images"])
+        if what[:2] == ["images", "label"]:
+            tag = what[2].removeprefix("docker.io/library/")
+            if tag not in state["kind_images"]:
+                raise _Fail(f"ctr: image \"{what[2]}\": not found")
+            labels[tag] = what[3].split("=", 1)[1]
+            return what[2]
         if what == ["containers", "list"]:
             return "CONTAINER    IMAGE    RUNTIME\n" + "\n".join(
                 f"c{i}    docker.io/library/{tag}    io.containerd.runc.v2"
@@ -142,10 +168,19 @@ def _docker(argv: list[str], state: dict, seen: dict) -> str:
         if what[:2] == ["images", "remove"]:
             state["kind_images"].remove(what[2].removeprefix("docker.io/library/"))
             return what[2]
-    if argv[:2] == ["image", "inspect"]:  # [--format TEMPLATE] TAG
-        if argv[-1] not in state["images"]:
-            raise _Fail(f"Error response from daemon: No such image: {argv[-1]}")
-        return json.dumps([{"RepoTags": [argv[-1]]}])
+    if argv[:2] == ["image", "inspect"]:  # [--format TEMPLATE] TAG...
+        tags = argv[4:] if argv[2:3] == ["--format"] else argv[2:]
+        for tag in tags:
+            if tag not in state["images"]:
+                raise _Fail(f"Error response from daemon: No such image: {tag}")
+        if argv[2:4] == ["--format", "{{.Id}}"]:
+            return "\n".join(image_id(tag) for tag in tags)
+        return json.dumps([{"RepoTags": [tag]} for tag in tags])
+    if argv[:1] == ["save"]:
+        for tag in argv[1:]:
+            if tag not in state["images"]:
+                raise _Fail(f"Error response from daemon: reference does not exist: {tag}")
+        return json.dumps({"archive": argv[1:]})
     if argv[:1] == ["build"]:
         args = argv[1:]
         tag = _flag(args, "--tag")
@@ -163,6 +198,10 @@ def _docker(argv: list[str], state: dict, seen: dict) -> str:
         state["images"].append(tag)
         return f"Successfully tagged {tag}"
     raise _Fail(f"docker stand-in does not know {argv}", 97)
+
+
+def image_id(tag: str) -> str:
+    return "sha256:" + hashlib.sha256(tag.encode()).hexdigest()
 
 
 def _kind(argv: list[str], state: dict, seen: dict) -> str:
@@ -311,25 +350,34 @@ def _kubectl(argv: list[str], state: dict, seen: dict, stdin: str) -> str:
 
 def main() -> int:
     tool, state_path, record_path, *argv = sys.argv[1:]
-    # Only 'kubectl apply --filename -' reads its input, as with the real tools.
-    stdin = sys.stdin.read() if tool == "kubectl" and "-" in argv else ""
-    with open(state_path) as handle:
-        state = json.load(handle)
+    # Only 'kubectl apply --filename -' and 'docker exec -i' (an image stream) read their
+    # input, as with the real tools.
+    reads = (tool == "kubectl" and "-" in argv) or (tool == "docker" and argv[:2] == ["exec",
+                                                                                     "-i"])
+    stdin = sys.stdin.read() if reads else ""
     seen: dict = {}
     code, out, err = 0, "", ""
-    try:
-        if tool == "kubectl":
-            out = _kubectl(argv, state, seen, stdin)
-        else:
-            out = {"docker": _docker, "kind": _kind, "helm": _helm}[tool](argv, state, seen)
-    except _Fail as exc:
-        code, err = exc.code, str(exc)
-    with open(record_path, "a") as handle:
-        handle.write(json.dumps({"tool": tool, "argv": argv, "stdin": stdin, "seen": seen,
-                                 "exit": code}) + "\n")
-    if code == 0:
-        with open(state_path, "w") as handle:
-            json.dump(state, handle)
+    # An image load runs beside other commands: one command at a time reads and writes the
+    # state and the record.
+    with open(state_path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with open(state_path) as handle:
+            state = json.load(handle)
+        try:
+            if tool == "kubectl":
+                out = _kubectl(argv, state, seen, stdin)
+            elif tool == "docker":
+                out = _docker(argv, state, seen, stdin)
+            else:
+                out = {"kind": _kind, "helm": _helm}[tool](argv, state, seen)
+        except _Fail as exc:
+            code, err = exc.code, str(exc)
+        with open(record_path, "a") as handle:
+            handle.write(json.dumps({"tool": tool, "argv": argv, "stdin": stdin, "seen": seen,
+                                     "exit": code}) + "\n")
+        if code == 0:
+            with open(state_path, "w") as handle:
+                json.dump(state, handle)
     if out:
         sys.stdout.write(out + "\n")
     if err:

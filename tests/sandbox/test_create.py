@@ -12,6 +12,7 @@ import pytest
 
 from michelangelo.sandbox import load_sandbox_settings
 from michelangelo.sandbox._image import base_image
+from tests.sandbox._tool_doubles import image_id
 from tests.sandbox.conftest import make_tools
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -47,22 +48,45 @@ def _argv(calls):
 
 
 CTR = ["docker", "exec", "michelangelo-control-plane", "ctr", "--namespace", "k8s.io"]
+IMPORT = ["docker", "exec", "-i", "michelangelo-control-plane", "ctr", "--namespace", "k8s.io",
+          "images", "import", "--all-platforms", "--digests", "--snapshotter=overlayfs", "-"]
+
+
+def _load_calls(image):
+    """What starting the runtime image's stream into the node runs: the IDs here and on the
+    node, the node's snapshotter, then ``docker save`` and the import it feeds."""
+    return [[*CTR, "images", "list"],
+            ["docker", "image", "inspect", "--format", "{{.Id}}", image],
+            ["docker", "exec", "michelangelo-control-plane", "containerd", "config", "dump"]]
+
+
+def _split_stream(calls):
+    """The stream's two sides run beside the steps that follow its start: take them out of
+    the sequence, and return it with the pair."""
+    stream = [c for c in calls if c[:2] == ["docker", "save"] or c[:3] == IMPORT[:3]]
+    return [c for c in calls if c not in stream], stream
 
 
 def test_first_run_command_sequence(runs):
     assert runs["first"].exit_code == 0, runs["first"].output
     settings = runs["settings"]
-    calls = _argv(runs["first_calls"])
-    config = calls[8][6]
+    calls, stream = _split_stream(_argv(runs["first_calls"]))
+    config = calls[11][6]
     build = next(c for c in calls if c[:2] == ["docker", "build"])
     context = build[-1]
     assert calls == [
         *DOCTOR,
+        ["docker", "image", "inspect", settings.image],
+        ["docker", "build", "--tag", settings.image,
+         "--build-arg", f"BASE_IMAGE={base_image()}",
+         "--file", os.path.join(context, "Dockerfile"), context],
+        ["docker", "images", "michelangelo-sandbox", "--format", "{{.Repository}}:{{.Tag}}"],
         ["kind", "get", "clusters"],
         ["docker", "info", "--format", "{{.CgroupVersion}}"],
         ["kind", "create", "cluster", "--name", "michelangelo", "--config", config,
          "--wait", "120s"],
         ["kind", "export", "kubeconfig", "--name", "michelangelo"],
+        *_load_calls(settings.image),
         ["helm", "list", "--kube-context", "kind-michelangelo", "--namespace",
          "kuberay-system", "--output", "json"],
         ["helm", "repo", "add", "kuberay", "https://ray-project.github.io/kuberay-helm/",
@@ -79,19 +103,20 @@ def test_first_run_command_sequence(runs):
          "deployment/minio", "--timeout=300s"],
         ["kubectl", *CTX, "--namespace", "michelangelo", "wait", "--for=condition=complete",
          "job/minio-make-bucket", "--timeout=300s"],
-        ["docker", "image", "inspect", settings.image],
-        ["docker", "build", "--tag", settings.image,
-         "--build-arg", f"BASE_IMAGE={base_image()}",
-         "--file", os.path.join(context, "Dockerfile"), context],
-        ["docker", "images", "michelangelo-sandbox", "--format", "{{.Repository}}:{{.Tag}}"],
-        ["kind", "load", "docker-image", settings.image, "--name", "michelangelo"],
+        ["docker", "image", "inspect", "--format", "{{.Id}}", settings.image],
+        [*CTR, "images", "label", f"docker.io/library/{settings.image}",
+         f"michelangelo.sandbox/docker-image-id={image_id(settings.image)}"],
         [*CTR, "images", "list", "--quiet"], [*CTR, "containers", "list"],
     ]
+    # no archive on disk: docker save streams into the node's containerd
+    assert sorted(stream) == [IMPORT, ["docker", "save", settings.image]]
+    (imported,) = [c for c in runs["first_calls"] if c["argv"][:2] == ["exec", "-i"]]
+    assert json.loads(imported["stdin"]) == {"archive": [settings.image]}
     assert config == os.path.join(os.path.dirname(runs["tools"].settings_path),
                                   "sandbox-kind.json")
     assert re.fullmatch(r"michelangelo-sandbox:[0-9a-f]{12}", settings.image)
     # only 'kubectl apply' was fed anything, and nothing secret is on any command line
-    fed = [c for c in runs["first_calls"] if c["stdin"]]
+    fed = [c for c in runs["first_calls"] if c["stdin"] and c["tool"] == "kubectl"]
     assert [c["argv"][-3:] for c in fed] == [["apply", "--filename", "-"]]
     command_lines = json.dumps(calls)
     assert settings.secret_key not in command_lines
@@ -99,7 +124,7 @@ def test_first_run_command_sequence(runs):
 
 
 def test_kind_config_maps_ports_to_loopback(runs):
-    config = runs["first_calls"][8]["seen"]["config"]
+    config = runs["first_calls"][11]["seen"]["config"]
     assert config["kind"] == "Cluster" and config["apiVersion"] == "kind.x-k8s.io/v1alpha4"
     (node,) = config["nodes"]
     assert node["role"] == "control-plane"
@@ -113,7 +138,7 @@ def test_kind_config_maps_ports_to_loopback(runs):
 
 def test_storage_manifests(runs):
     settings = runs["settings"]
-    (apply,) = [c for c in runs["first_calls"] if c["stdin"]]
+    (apply,) = [c for c in runs["first_calls"] if c["stdin"] and c["tool"] == "kubectl"]
     items = json.loads(apply["stdin"])["items"]
     assert [(i["kind"], i["metadata"]["name"]) for i in items] == [
         ("Namespace", "michelangelo"), ("Secret", "michelangelo-storage"),
@@ -173,8 +198,11 @@ def test_settings_file_private_and_no_secret_in_output(runs):
     for text in (runs["first"].output, runs["second"].output, repr(settings)):
         assert settings.secret_key not in text
         assert settings.access_key not in text
-    assert "[9/9] settings file" in runs["first"].output
-    assert re.search(r"\[2/9\] kind cluster 'michelangelo' \.\.\.\n +created", runs["first"].output)
+    assert "[10/10] settings file" in runs["first"].output
+    assert re.search(r"\[3/10\] kind cluster 'michelangelo' \.\.\.\n +created",
+                     runs["first"].output)
+    assert re.search(r"\[9/10\] runtime image loaded into kind \.\.\.\n +michelangelo-sandbox:"
+                     r"[0-9a-f]{12} on the kind node, loaded in [0-9]+ s", runs["first"].output)
 
 
 def test_second_run_changes_nothing(runs):
@@ -183,10 +211,13 @@ def test_second_run_changes_nothing(runs):
     image = runs["settings"].image
     assert calls == [
         *DOCTOR,
+        ["docker", "image", "inspect", image],
         ["kind", "get", "clusters"],
         ["docker", "inspect", "--format", "{{json .HostConfig.PortBindings}}",
          "michelangelo-control-plane"],
         ["kind", "export", "kubeconfig", "--name", "michelangelo"],
+        [*CTR, "images", "list"],
+        ["docker", "image", "inspect", "--format", "{{.Id}}", image],
         ["helm", "list", "--kube-context", "kind-michelangelo", "--namespace",
          "kuberay-system", "--output", "json"],
         ["kubectl", *CTX, "--namespace", "kuberay-system", "rollout", "status",
@@ -198,8 +229,6 @@ def test_second_run_changes_nothing(runs):
          "deployment/minio", "--timeout=300s"],
         ["kubectl", *CTX, "--namespace", "michelangelo", "wait", "--for=condition=complete",
          "job/minio-make-bucket", "--timeout=300s"],
-        ["docker", "image", "inspect", image],
-        ["kind", "load", "docker-image", image, "--name", "michelangelo"],
         [*CTR, "images", "list", "--quiet"], [*CTR, "containers", "list"],
     ]
     # the same credentials (read back from the Secret), so MinIO keeps working
@@ -208,6 +237,7 @@ def test_second_run_changes_nothing(runs):
     assert "exists, kept" in output and "installed, kept" in output
     assert "0 object(s) created or changed, credentials kept" in output
     assert f"{image} exists, kept" in output
+    assert f"{image} on the node, kept" in output  # its ID is the one loaded, so no load
 
 
 def test_create_stops_at_doctor_when_a_tool_is_missing(tmp_path, monkeypatch):
