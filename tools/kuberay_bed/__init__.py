@@ -14,14 +14,16 @@ from tools.kuberay_bed._control_plane import (
     build_operator,
     operator_version,
 )
-from tools.kuberay_bed._kubelet_double import KubeletDouble
+from tools.kuberay_bed._kubelet_double import KubeletDouble, PodRecord, pod_status
 
 __all__ = [
     "DEVELOPER_CONTEXT",
     "NODES",
     "ControlPlane",
     "KubeletDouble",
+    "PodRecord",
     "build",
     "build_operator",
     "operator_version",
+    "pod_status",
 ]

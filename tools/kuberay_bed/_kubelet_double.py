@@ -10,10 +10,14 @@ container's ``command``/``args`` and its environment (``env`` with ``value`` and
 (Secret, ConfigMap, pod fields), ``envFrom``). A Secret or ConfigMap that is missing and not
 optional leaves the container waiting with ``CreateContainerConfigError``, as a kubelet does.
 The container image is not run; only the Ray image at this client's Ray version "exists", any
-other image fails to pull as ``ImagePullBackOff``. ``Ready`` follows the container's readiness
-probe (``httpGet``, or the operator's ``wget`` exec probe read as its URLs), evaluated on the
-probe's own delay and period. A process that dies is restarted with a growing back-off and
-reported as ``CrashLoopBackOff`` meanwhile (restartPolicy Always). A pod marked for deletion
+other image fails to pull (``ErrImagePull`` at each try, ``ImagePullBackOff`` between tries).
+``Ready`` follows the container's readiness probe (``httpGet``, or the operator's ``wget`` exec
+probe read as its URLs), evaluated on the probe's own delay and period. A process that ends is
+started again (restartPolicy Always): at once the first time, then after 10 s, 20 s, 40 s ...
+up to 300 s; between starts its status shows the run that ended, as ``terminated``. The
+statuses (conditions and their order, transition times, ``started``, ``lastState``,
+``restartCount``) take the shapes a real 1.36 kubelet writes, recorded from the kind sandbox
+in ``tests/uniflow/plugins/ray/kuberay/real_kubelet_pods.json``. A pod marked for deletion
 has its processes stopped and is removed. Port-forward streams the API server proxies to the
 node are served by ``_kubelet_streaming_double``.
 """
@@ -66,7 +70,9 @@ class _ConfigError(Exception):
 
 
 @dataclass
-class _PodProcess:
+class PodRecord:
+    """What the double knows of one pod it runs."""
+
     name: str
     ip: str
     proc: subprocess.Popen | None
@@ -77,12 +83,18 @@ class _PodProcess:
     ports: dict[str, int] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     init_index: int = 0  # init containers done
-    restarts: int = 0
-    restart_at: float = 0.0
-    reported: str = ""
+    restart_at: float = 0.0  # the current container starts (again) from then on
+    reported: str = ""  # the status last written
     ready: bool = False
     probe_at: float = 0.0
     started_at: float = 0.0
+    start_time: str = field(default_factory=lambda: _now())  # the pod's startTime, set once
+    admitted: float = field(default_factory=time.monotonic)
+    # Each container's runs, oldest first: containerID, startedAt, and once it ended
+    # finishedAt, exitCode and reason. restartCount is one less than the runs.
+    runs: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    waiting: dict[str, str] | None = None  # why the current container cannot be created
+    transitions: dict[str, tuple[str, str]] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -99,7 +111,7 @@ class KubeletDouble:
         self._next_ip = first_ip
         # Pod IPs in a /24 of this double's own (see _pod_network_double.pod_subnet).
         self._subnet = pod_subnet()
-        self._pods: dict[str, _PodProcess] = {}
+        self._pods: dict[str, PodRecord] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True, name="kubelet-double")
         self.log_dir = tempfile.mkdtemp(prefix="uf-kubelet-")
@@ -146,14 +158,13 @@ class KubeletDouble:
         mine = [lines for who, lines in runs if who == container]
         if not mine:
             raise LookupError(f"container {container!r} in pod {name!r} is not available")
-        running = (record.proc is not None and record.proc.poll() is None
-                   and runs[-1][0] == container)
+        # As a kubelet: the current container is the latest run, running or ended (the
+        # status's state), and the previous one is the run before it (its lastState).
         if previous:
-            ended = mine[:-1] if running else mine
-            if record.restarts == 0 or not ended:
+            if len(mine) < 2:
                 raise ValueError(f"previous terminated container {container!r} in pod "
                                  f"{name!r} not found")
-            return "".join(ended[-1])
+            return "".join(mine[-2])
         return "".join(mine[-1])
 
     def _pod_ip(self, namespace: str, name: str) -> str | None:
@@ -210,7 +221,7 @@ class KubeletDouble:
             if record is not None and not pod.metadata.deletion_timestamp:
                 self._step(pod, record)
 
-    def _admit(self, pod: Any) -> _PodProcess:
+    def _admit(self, pod: Any) -> PodRecord:
         ip = f"{self._subnet}.{self._next_ip}"
         self._next_ip += 1
         add_pod_address(ip)
@@ -218,14 +229,13 @@ class KubeletDouble:
         head = labels.get("ray.io/node-type") == "head"
         temp_dir = tempfile.mkdtemp(prefix="r", dir="/tmp")
         log = os.path.join(self.log_dir, f"{pod.metadata.name}.log")
-        record = _PodProcess(pod.metadata.name, ip, None, log, temp_dir, head, labels)
+        record = PodRecord(pod.metadata.name, ip, None, log, temp_dir, head, labels)
         record.ports = {str(v): _free_port(ip) for v in VIRTUAL_PORTS.values()}
         record.ports[str(_DASHBOARD_PORT)] = _DASHBOARD_PORT  # the dashboard keeps its port
         bad = [c.image for c in [*(pod.spec.init_containers or []), *pod.spec.containers]
                if not c.image.startswith(self.good_image_prefix)]
         if bad:
-            record.extra["image_error"] = (
-                f'Failed to pull image "{bad[0]}": not found in any registry')
+            record.extra["image_error"] = bad[0]
         return record
 
     def _write_network(self) -> None:
@@ -270,7 +280,7 @@ class KubeletDouble:
                 return None
             raise
 
-    def _environment(self, pod: Any, record: _PodProcess, container: Any) -> dict[str, str]:
+    def _environment(self, pod: Any, record: PodRecord, container: Any) -> dict[str, str]:
         # The Ray image's environment is this machine's, less what points at other clusters
         # or decides Ray's auth (only the pod's own env may); its `python` is this venv's.
         env = {k: v for k, v in os.environ.items()
@@ -312,7 +322,7 @@ class KubeletDouble:
                     "UF_POD_OBJECT_MANAGER_PORT": str(_free_port(record.ip))})
         return env
 
-    def _value_from(self, pod: Any, record: _PodProcess, name: str, source: Any) -> str | None:
+    def _value_from(self, pod: Any, record: PodRecord, name: str, source: Any) -> str | None:
         if source.secret_key_ref is not None or source.config_map_key_ref is not None:
             ref = source.secret_key_ref or source.config_map_key_ref
             kind = "secret" if source.secret_key_ref is not None else "configmap"
@@ -345,49 +355,66 @@ class KubeletDouble:
         return None
 
     # -- running the pod -----------------------------------------------------------------------
-    def _step(self, pod: Any, record: _PodProcess) -> None:
-        if "image_error" in record.extra:
-            state = {"waiting": {"reason": "ImagePullBackOff",
-                                 "message": record.extra["image_error"]}}
-            self._patch(pod, record, "Pending", False, state, "image")
-            return
+    # Statuses take the shapes a real kubelet (Kubernetes 1.36.3, containerd, in the kind
+    # sandbox) writes; tests/uniflow/plugins/ray/kuberay/real_kubelet_pods.json holds such pods
+    # and test_kubelet_double_shapes compares the two. Containers run one at a time: the init
+    # containers in order, each to success, then the first container.
+    def _step(self, pod: Any, record: PodRecord) -> None:
+        if "image_error" not in record.extra:
+            self._advance(pod, record)
+        status = pod_status(pod, record)
+        text = json.dumps(status, sort_keys=True)
+        if text != record.reported:
+            self._core.patch_namespaced_pod_status(pod.metadata.name, self.namespace,
+                                                   {"status": status})
+            record.reported = text
+
+    def _current(self, pod: Any, record: PodRecord) -> Any:
+        inits = pod.spec.init_containers or []
+        return inits[record.init_index] if record.init_index < len(inits) \
+            else pod.spec.containers[0]
+
+    def _advance(self, pod: Any, record: PodRecord) -> None:
         inits = pod.spec.init_containers or []
         if record.proc is None:
-            container = inits[record.init_index] if record.init_index < len(inits) \
-                else pod.spec.containers[0]
-            self._launch(pod, record, container)
-            if record.proc is None:
-                return
-        proc = record.proc
-        if record.init_index < len(inits):
-            if proc.poll() is None:
-                self._report_init(pod, record, "running")
-                return
-            if proc.returncode == 0:
-                record.init_index += 1
-                record.proc = None
-                self._step(pod, record)
-                return
-            self._crashed(pod, record, inits[record.init_index], init=True)
+            if time.monotonic() >= record.restart_at:
+                self._launch(pod, record, self._current(pod, record))
             return
-        if proc.poll() is not None:
-            self._crashed(pod, record, pod.spec.containers[0], init=False)
+        code = record.proc.poll()
+        if code is None:
+            if record.init_index >= len(inits):
+                self._probe(pod, record)
             return
-        self._probe(pod, record)
-        state = {"running": {"startedAt": _now()}}
-        self._patch(pod, record, "Running", record.ready, state,
-                    f"running{record.ready}{record.restarts}", restarts=record.restarts)
+        container = self._current(pod, record)
+        run = record.runs[container.name][-1]
+        run.update(finishedAt=_now(), exitCode=code, reason="Completed" if code == 0
+                   else "Error")
+        _end_processes(lambda p: os.getsid(p.pid) == record.proc.pid)
+        record.proc = None
+        record.ready = False
+        if code == 0 and record.init_index < len(inits):
+            record.init_index += 1  # the next one starts at once
+            record.restart_at = 0.0
+            return
+        # restartPolicy Always: the kubelet starts a failed container again at once the
+        # first time, then after a back-off of 10 s that doubles up to 300 s.
+        ran = len(record.runs[container.name])
+        record.restart_at = time.monotonic() + (1.0 if ran == 1
+                                                else min(10.0 * 2 ** (ran - 2), 300.0))
+        # A restarted container starts from its image again, as a real runtime's does:
+        # nothing the last one wrote in its file system (Ray's session folders and
+        # sockets, its home) is there for the next start to trip over.
+        shutil.rmtree(record.temp_dir, ignore_errors=True)
+        os.makedirs(record.temp_dir)
+        self._tell_crash(record, container.name, code)
 
-    def _launch(self, pod: Any, record: _PodProcess, container: Any) -> None:
+    def _launch(self, pod: Any, record: PodRecord, container: Any) -> None:
         try:
             env = self._environment(pod, record, container)
-        except _ConfigError as exc:
-            state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(exc)}}
-            if container.name != pod.spec.containers[0].name:
-                self._report_init(pod, record, "config", state=state)
-            else:
-                self._patch(pod, record, "Pending", False, state, f"config:{exc}")
+        except _ConfigError as exc:  # retried on every pass, as a kubelet does
+            record.waiting = {"reason": "CreateContainerConfigError", "message": str(exc)}
             return
+        record.waiting = None
         words = [*(container.command or []), *(container.args or [])]
         if not words:  # the image's entrypoint: the Ray image has none that would serve
             words = ["bash", "-c", "sleep infinity"]
@@ -398,48 +425,21 @@ class KubeletDouble:
             record.proc = subprocess.Popen(words, stdout=handle, stderr=subprocess.STDOUT,
                                            stdin=subprocess.DEVNULL, env=env,
                                            start_new_session=True)
+        record.runs.setdefault(container.name, []).append(
+            {"containerID": f"containerd://{os.urandom(32).hex()}", "startedAt": _now()})
         record.started_at = time.monotonic()
         record.ready = False
         record.probe_at = 0.0
 
-    def _crashed(self, pod: Any, record: _PodProcess, container: Any, *, init: bool) -> None:
-        proc = record.proc
-        assert proc is not None
-        now = time.monotonic()
-        if not record.restart_at:
-            _end_processes(lambda p: os.getsid(p.pid) == proc.pid)
-            # A restarted container starts from its image again, as a real runtime's does:
-            # nothing the last one wrote in its file system (Ray's session folders and
-            # sockets, its home) is there for the next start to trip over.
-            shutil.rmtree(record.temp_dir, ignore_errors=True)
-            os.makedirs(record.temp_dir)
-            record.restarts += 1
-            self._tell_crash(record, container.name, proc.returncode)
-            record.restart_at = now + min(5.0 * 2 ** (record.restarts - 1), 60.0)
-            record.ready = False
-        elif now >= record.restart_at:
-            record.restart_at = 0.0
-            record.proc = None
-            return
-        state = {"waiting": {"reason": "CrashLoopBackOff", "message":
-                             f"back-off restarting failed container {container.name}"}}
-        last = {"terminated": {"exitCode": proc.returncode, "reason": "Error",
-                               "finishedAt": _now(), "startedAt": _now()}}
-        if init:
-            self._report_init(pod, record, f"crash{record.restarts}", state=state, last=last)
-            return
-        self._patch(pod, record, "Running", False, state, f"crash{record.restarts}",
-                    last=last, restarts=record.restarts)
-
-    def _tell_crash(self, record: _PodProcess, container: str, code: int | None) -> None:
-        # Where a kubectl user would read `kubectl logs --previous`: the test's captured
-        # stderr, shown when it fails (the log folder goes when the double stops).
+    def _tell_crash(self, record: PodRecord, container: str, code: int | None) -> None:
+        # Where a kubectl user would read `kubectl logs`: the test's captured stderr, shown
+        # when it fails (the log folder goes when the double stops).
         tail = self.pod_log(record.name).splitlines()[-40:]
         sys.stderr.write(f"kubelet double: container {container} of pod {record.name} exited "
-                         f"with {code} (restart {record.restarts}); the end of its log:\n"
-                         + "\n".join(tail) + "\n")
+                         f"with {code} (run {len(record.runs[container])}); the end of its "
+                         "log:\n" + "\n".join(tail) + "\n")
 
-    def _probe(self, pod: Any, record: _PodProcess) -> None:
+    def _probe(self, pod: Any, record: PodRecord) -> None:
         probe = pod.spec.containers[0].readiness_probe
         now = time.monotonic()
         if probe is None:
@@ -463,80 +463,9 @@ class KubeletDouble:
                 for p, path in urls)
         else:
             ok = True
-        if ok:
-            record.ready = True
-        else:
-            record.ready = False
+        record.ready = ok
 
-    def _report_init(self, pod: Any, record: _PodProcess, key: str,
-                     state: dict[str, Any] | None = None,
-                     last: dict[str, Any] | None = None) -> None:
-        inits = pod.spec.init_containers or []
-        statuses = []
-        for index, container in enumerate(inits):
-            if index < record.init_index:
-                s = {"terminated": {"exitCode": 0, "reason": "Completed"}}
-            elif index == record.init_index:
-                s = state or {"running": {"startedAt": _now()}}
-            else:
-                s = {"waiting": {"reason": "PodInitializing"}}
-            statuses.append({"name": container.name, "image": container.image, "imageID": "",
-                             "ready": index < record.init_index,
-                             "restartCount": record.restarts if index == record.init_index
-                             else 0, "state": s,
-                             **({"lastState": last} if last and index == record.init_index
-                                else {})})
-        key = f"init{record.init_index}:{key}"
-        if record.reported == key:
-            return
-        waiting = [c.name for c in inits[record.init_index:]]
-        self._core.patch_namespaced_pod_status(pod.metadata.name, self.namespace, {"status": {
-            "phase": "Pending", "podIP": record.ip, "hostIP": "127.0.0.1",
-            "conditions": [
-                {"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()},
-                {"type": "Initialized", "status": "False", "reason": "ContainersNotInitialized",
-                 "message": f"containers with incomplete status: [{' '.join(waiting)}]",
-                 "lastTransitionTime": _now()},
-                {"type": "ContainersReady", "status": "False", "lastTransitionTime": _now()},
-                {"type": "Ready", "status": "False", "lastTransitionTime": _now()}],
-            "initContainerStatuses": statuses,
-            "containerStatuses": [{"name": c.name, "image": c.image, "imageID": "",
-                                   "ready": False, "restartCount": 0,
-                                   "state": {"waiting": {"reason": "PodInitializing"}}}
-                                  for c in pod.spec.containers]}})
-        record.reported = key
-
-    def _patch(self, pod: Any, record: _PodProcess, phase: str, ready: bool,
-               state: dict[str, Any], key: str, last: dict[str, Any] | None = None,
-               restarts: int = 0) -> None:
-        if record.reported == key:
-            return
-        container = pod.spec.containers[0]
-        flag = "True" if ready else "False"
-        inits = [{"name": c.name, "image": c.image, "imageID": "", "ready": True,
-                  "restartCount": 0, "state": {"terminated": {"exitCode": 0,
-                                                              "reason": "Completed"}}}
-                 for c in pod.spec.init_containers or []]
-        status = {
-            "phase": phase, "podIP": record.ip, "podIPs": [{"ip": record.ip}],
-            "hostIP": "127.0.0.1", "startTime": _now(),
-            "conditions": [
-                {"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()},
-                {"type": "Initialized", "status": "True", "lastTransitionTime": _now()},
-                {"type": "ContainersReady", "status": flag, "lastTransitionTime": _now()},
-                {"type": "Ready", "status": flag, "lastTransitionTime": _now()},
-            ],
-            **({"initContainerStatuses": inits} if inits and phase == "Running" else {}),
-            "containerStatuses": [{
-                "name": container.name, "image": container.image, "imageID": "",
-                "ready": ready, "restartCount": restarts, "state": state,
-                **({"lastState": last} if last else {})}],
-        }
-        self._core.patch_namespaced_pod_status(pod.metadata.name, self.namespace,
-                                               {"status": status})
-        record.reported = key
-
-    def _kill(self, record: _PodProcess) -> None:
+    def _kill(self, record: PodRecord) -> None:
         if record.proc is not None and record.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(record.proc.pid, signal.SIGTERM)
@@ -550,6 +479,96 @@ class KubeletDouble:
                        or p.environ().get("UF_POD_IP") == record.ip)
         shutil.rmtree(record.temp_dir, ignore_errors=True)
         remove_pod_address(record.ip)
+
+
+def pod_status(pod: Any, record: PodRecord) -> dict[str, Any]:
+    """The status a 1.36 kubelet would write for the pod as ``record`` says it runs."""
+    inits = pod.spec.init_containers or []
+    initialized = record.init_index >= len(inits)
+    main = pod.spec.containers[0]
+    ready = initialized and record.proc is not None and record.ready
+    not_ready = [c.name for c in pod.spec.containers if not (ready and c is main)]
+    unfinished = [c.name for c in inits[record.init_index:]]
+    conditions = [
+        _condition(record, "PodReadyToStartContainers", True),
+        _condition(record, "Initialized", initialized, "ContainersNotInitialized",
+                   f"containers with incomplete status: [{' '.join(unfinished)}]"),
+        _condition(record, "Ready", ready, "ContainersNotReady",
+                   f"containers with unready status: [{' '.join(not_ready)}]"),
+        _condition(record, "ContainersReady", ready, "ContainersNotReady",
+                   f"containers with unready status: [{' '.join(not_ready)}]"),
+        _condition(record, "PodScheduled", True),
+    ]
+    status: dict[str, Any] = {
+        # Running once the first container has started; a crash loop stays Running.
+        "phase": "Running" if record.runs.get(main.name) else "Pending",
+        "conditions": conditions,
+        "hostIP": "127.0.0.1", "hostIPs": [{"ip": "127.0.0.1"}],
+        "podIP": record.ip, "podIPs": [{"ip": record.ip}],
+        "startTime": record.start_time,
+    }
+    if inits:
+        status["initContainerStatuses"] = [
+            _container_status(pod, record, c, index)
+            for index, c in enumerate(inits)]
+    status["containerStatuses"] = [
+        _container_status(pod, record, c, len(inits) + index)
+        for index, c in enumerate(pod.spec.containers)]
+    return status
+
+
+def _condition(record: PodRecord, kind: str, true: bool, reason: str = "",
+               message: str = "") -> dict[str, Any]:
+    value = "True" if true else "False"
+    seen = record.transitions.get(kind)
+    if seen is None or seen[0] != value:
+        seen = record.transitions[kind] = (value, _now())
+    condition = {"type": kind, "status": value, "lastProbeTime": None,
+                 "lastTransitionTime": seen[1]}
+    if not true and reason:
+        condition.update(reason=reason, message=message)
+    return condition
+
+
+def _container_status(pod: Any, record: PodRecord, container: Any,
+                      index: int) -> dict[str, Any]:
+    """One container's status; ``index`` counts the init containers first."""
+    runs = record.runs.get(container.name, [])
+    main = index == len(pod.spec.init_containers or [])
+    status: dict[str, Any] = {
+        "name": container.name, "image": container.image,
+        "imageID": _IMAGE_ID if runs else "", "lastState": {}, "ready": False,
+        "restartCount": max(len(runs) - 1, 0), "started": False}
+    if runs:
+        status["containerID"] = runs[-1]["containerID"]
+    if len(runs) >= 2:
+        status["lastState"] = {"terminated": _terminated(runs[-2])}
+    bad = record.extra.get("image_error")
+    if bad is not None:
+        # The first container with the image shows the pull; those after it wait.
+        first = next(i for i, c in enumerate(_in_order(pod)) if c.image == bad)
+        status["state"] = {"waiting": _pull_failure(bad, record.admitted) if index == first
+                           else {"reason": "PodInitializing"}}
+        return status
+    if index < record.init_index:  # an init container that completed
+        status.update(ready=True, state={"terminated": _terminated(runs[-1])})
+    elif index == record.init_index:
+        if record.waiting is not None:
+            status["state"] = {"waiting": dict(record.waiting)}
+        elif record.proc is not None:
+            status.update(started=True, ready=main and record.ready,
+                          state={"running": {"startedAt": runs[-1]["startedAt"]}})
+        elif runs:  # ended; waits for its restart (a 1.36 kubelet shows the run)
+            status["state"] = {"terminated": _terminated(runs[-1])}
+        else:
+            status["state"] = {"waiting": {"reason": "ContainerCreating"}}
+    else:
+        status["state"] = {"waiting": {"reason": "PodInitializing"}}
+    return status
+
+
+def _in_order(pod: Any) -> list[Any]:
+    return [*(pod.spec.init_containers or []), *pod.spec.containers]
 
 
 def _pod_processes(subnet: str) -> list[tuple[int, str]]:
@@ -621,3 +640,27 @@ def _exec_action(probe: Any) -> Any:
         if hasattr(probe, name):
             return getattr(probe, name)
     return None
+
+
+# What the image ID of a container of the (only) image the double "has" looks like: the name
+# containerd gives an image ``ctr images import --digests`` loaded.
+_IMAGE_ID = "docker.io/library/import-2026-01-01@sha256:" + "0" * 64
+
+
+def _terminated(run: dict[str, Any]) -> dict[str, Any]:
+    return {key: run[key] for key in ("containerID", "exitCode", "finishedAt", "reason",
+                                      "startedAt")}
+
+
+def _pull_failure(image: str, since: float) -> dict[str, str]:
+    """A kubelet's pull of an image no registry has: ``ErrImagePull`` at each try, and
+    ``ImagePullBackOff`` between tries (10 s after the first, the wait doubling)."""
+    error = (f'failed to pull and unpack image "{image}": failed to resolve reference '
+             f'"{image}": not found (the kubelet double has only the Ray image)')
+    elapsed, attempt_at, wait = time.monotonic() - since, 0.0, 10.0
+    while attempt_at + wait <= elapsed:
+        attempt_at, wait = attempt_at + wait, min(wait * 2, 300.0)
+    if elapsed - attempt_at < 2.0:
+        return {"reason": "ErrImagePull", "message": error}
+    return {"reason": "ImagePullBackOff",
+            "message": f'Back-off pulling image "{image}": ErrImagePull: {error}'}
