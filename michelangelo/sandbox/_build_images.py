@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,14 +51,21 @@ _GO_PINS = {"K8S_VERSION": K8S_VERSION, "COREDNS_VERSION": COREDNS_VERSION,
 
 class _GoPrograms:
     """Each ``go_proxy_build.sh`` target at the pins above, run once per image build and only
-    when an image needs it."""
+    when an image needs it. Each says how long it took (a target already in the cache takes
+    well under a second), so that the log shows what every image cost."""
 
-    def __init__(self) -> None:
+    def __init__(self, echo: Callable[[str], None]) -> None:
         self._folders: dict[tuple[str, ...], Path] = {}
+        self._echo = echo
 
     def __call__(self, *target: str) -> Path:
         if target not in self._folders:
+            started = time.monotonic()
             self._folders[target] = go_build(*target, versions=_GO_PINS)
+            took = time.monotonic() - started
+            name = target[-1] if target[0] == "local" else target[0]
+            self._echo(f"      Go programs '{name}' (module proxy, cached by version): "
+                       f"{took:.1f} s")
         return self._folders[target]
 
 
@@ -239,7 +247,7 @@ def minio_images(builds: Builds, go: _GoPrograms, base: str) -> tuple[str, str]:
 def build_images(echo: Callable[[str], None]) -> BuiltImages:
     """Build (or find) every image a ``--build-images`` sandbox runs but the Ray runtime
     image, which ``create`` builds from the project like in the other mode."""
-    builds, go = Builds(echo), _GoPrograms()
+    builds, go = Builds(echo), _GoPrograms(echo)
     base = base_image(builds)
     node = node_image(builds, go, base)
     operator, operator_version, source = operator_image(builds, go)
