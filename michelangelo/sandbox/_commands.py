@@ -31,10 +31,7 @@ def run(argv: Sequence[str], *, input: str | None = None, timeout: float = 300.0
     Raises:
         SandboxError: The tool is missing, timed out, or (with ``check``) failed.
     """
-    exe = find_tool(argv[0])
-    if exe is None:
-        raise SandboxError(f"'{argv[0]}' is not on PATH; run 'michelangelo sandbox doctor' "
-                           "to see what is missing and how to install it.")
+    exe = require_tool(argv[0])
     try:
         # No input means none at all: a tool that would prompt fails instead of waiting.
         done = subprocess.run([exe, *argv[1:]], input=input, capture_output=True, text=True,
@@ -46,6 +43,19 @@ def run(argv: Sequence[str], *, input: str | None = None, timeout: float = 300.0
         raise SandboxError(f"'{_show(argv)}' failed (exit {done.returncode}):\n"
                            + tail(done.stderr or done.stdout))
     return done
+
+
+def require_tool(name: str) -> str:
+    """:func:`find_tool`, or the error that says how to find out what is missing.
+
+    Raises:
+        SandboxError: The tool is nowhere to be found.
+    """
+    exe = find_tool(name)
+    if exe is None:
+        raise SandboxError(f"'{name}' is not on PATH; run 'michelangelo sandbox doctor' "
+                           "to see what is missing and how to install it.")
+    return exe
 
 
 def find_tool(name: str) -> str | None:

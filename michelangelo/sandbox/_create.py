@@ -202,9 +202,8 @@ class Creator:
         # kind cannot add port mappings to an existing cluster: one made without them (by
         # hand, or by an older version) must be recreated, and saying so beats a run that
         # cannot reach MinIO later.
-        node = NODE
         found = run(("docker", "inspect", "--format", "{{json .HostConfig.PortBindings}}",
-                     node)).stdout
+                     NODE)).stdout
         bindings = json.loads(found or "{}") or {}
         missing = [f"127.0.0.1:{host}->{node_port}" for host, node_port in HOST_PORTS.values()
                    if not any(b.get("HostPort") == str(host) and b.get("HostIp") == "127.0.0.1"
@@ -322,9 +321,10 @@ class Creator:
                    for tag in older)
 
     def start_image_load(self) -> str:
-        if not self._node.missing([self._image]):
+        missing = self._node.missing([self._image])
+        if not missing:
             return f"{self._image} on the node, kept"
-        self._loading = self._node.start([self._image])
+        self._loading = self._node.start(missing)
         return f"{self._image} streaming into the node while the next steps run"
 
     def load_image(self) -> str:

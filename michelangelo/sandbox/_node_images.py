@@ -17,7 +17,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 
-from michelangelo.sandbox._commands import find_tool, run, tail
+from michelangelo.sandbox._commands import require_tool, run, tail
 from michelangelo.sandbox._errors import SandboxError
 
 ID_LABEL = "michelangelo.sandbox/docker-image-id"
@@ -42,11 +42,11 @@ class NodeImages:
         self.node = node
         self.ctr = ("docker", "exec", node, "ctr", "--namespace", "k8s.io")
 
-    def missing(self, tags: Sequence[str]) -> list[str]:
-        """The tags whose Docker image (by ID) the node does not hold yet."""
+    def missing(self, tags: Sequence[str]) -> dict[str, str]:
+        """The tags whose Docker image (by ID) the node does not hold yet, with those IDs."""
         held = self.labelled_ids()
-        return [tag for tag, image_id in zip(tags, _docker_ids(tags), strict=True)
-                if held.get(containerd_name(tag)) != image_id]
+        return {tag: image_id for tag, image_id in zip(tags, _docker_ids(tags), strict=True)
+                if held.get(containerd_name(tag)) != image_id}
 
     def labelled_ids(self) -> dict[str, str]:
         """containerd name -> the Docker image ID it was loaded from (labelled images only)."""
@@ -60,12 +60,13 @@ class NodeImages:
                 found[words[0]] = labels[ID_LABEL]
         return found
 
-    def start(self, tags: Sequence[str]) -> ImageLoad:
-        """Start streaming ``tags`` into the node; :meth:`ImageLoad.wait` finishes it."""
-        return ImageLoad(self, list(tags))
+    def start(self, images: dict[str, str]) -> ImageLoad:
+        """Start streaming ``images`` (tag -> Docker image ID, as :meth:`missing` gives them)
+        into the node; :meth:`ImageLoad.wait` finishes it."""
+        return ImageLoad(self, dict(images))
 
-    def label(self, tags: Sequence[str]) -> None:
-        for tag, image_id in zip(tags, _docker_ids(tags), strict=True):
+    def label(self, images: dict[str, str]) -> None:
+        for tag, image_id in images.items():
             run((*self.ctr, "images", "label", containerd_name(tag), f"{ID_LABEL}={image_id}"))
 
     def snapshotter(self) -> str:
@@ -79,17 +80,18 @@ class NodeImages:
 class ImageLoad:
     """One running ``docker save ... | docker exec -i NODE ctr images import -``."""
 
-    def __init__(self, node: NodeImages, tags: list[str]) -> None:
+    def __init__(self, node: NodeImages, images: dict[str, str]) -> None:
         self.node = node
-        self.tags = tags
+        self.images = images
+        self.tags = list(images)
         self.started = time.monotonic()
         # closed by wait() or stop(), which every caller reaches
         self._errors = [tempfile.TemporaryFile(mode="w+") for _ in range(2)]  # noqa: SIM115
         self._procs: list[subprocess.Popen] = []
-        if not tags:
+        if not images:
             return
-        save = (_exe("docker"), "save", *tags)
-        load = (_exe("docker"), "exec", "-i", node.node, "ctr", "--namespace", "k8s.io",
+        save = (require_tool("docker"), "save", *self.tags)
+        load = (require_tool("docker"), "exec", "-i", node.node, "ctr", "--namespace", "k8s.io",
                 "images", "import", "--all-platforms", "--digests",
                 f"--snapshotter={node.snapshotter()}", "-")
         saver = subprocess.Popen(save, stdout=subprocess.PIPE, stderr=self._errors[0],
@@ -128,8 +130,8 @@ class ImageLoad:
                         f"'{side}' (exit {proc.returncode}):\n{tail(errors.read())}")
         finally:
             self._close()
-        if self.tags:
-            self.node.label(self.tags)
+        if self.images:
+            self.node.label(self.images)
         return time.monotonic() - self.started
 
     def stop(self) -> None:
@@ -149,11 +151,3 @@ class ImageLoad:
 def _docker_ids(tags: Sequence[str]) -> list[str]:
     """Docker's image IDs of ``tags``, in their order."""
     return run(("docker", "image", "inspect", "--format", "{{.Id}}", *tags)).stdout.split()
-
-
-def _exe(name: str) -> str:
-    exe = find_tool(name)
-    if exe is None:
-        raise SandboxError(f"'{name}' is not on PATH; run 'michelangelo sandbox doctor' to see "
-                           "what is missing and how to install it.")
-    return exe

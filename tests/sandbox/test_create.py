@@ -103,7 +103,6 @@ def test_first_run_command_sequence(runs):
          "deployment/minio", "--timeout=300s"],
         ["kubectl", *CTX, "--namespace", "michelangelo", "wait", "--for=condition=complete",
          "job/minio-make-bucket", "--timeout=300s"],
-        ["docker", "image", "inspect", "--format", "{{.Id}}", settings.image],
         [*CTR, "images", "label", f"docker.io/library/{settings.image}",
          f"michelangelo.sandbox/docker-image-id={image_id(settings.image)}"],
         [*CTR, "images", "list", "--quiet"], [*CTR, "containers", "list"],

@@ -88,7 +88,7 @@ class PodRecord:
     ready: bool = False
     probe_at: float = 0.0
     started_at: float = 0.0
-    start_time: str = field(default_factory=lambda: _now())  # the pod's startTime, set once
+    start_time: str = field(default_factory=_now)  # the pod's startTime, set once
     admitted: float = field(default_factory=time.monotonic)
     # Each container's runs, oldest first: containerID, startedAt, and once it ended
     # finishedAt, exitCode and reason. restartCount is one less than the runs.
