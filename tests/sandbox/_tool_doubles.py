@@ -143,7 +143,7 @@ def _docker(argv: list[str], state: dict, seen: dict, stdin: str = "") -> str:
         return ('[plugins."io.containerd.grpc.v1.cri".containerd]\n'
                 '  snapshotter = "overlayfs"\n')
     if argv[:1] == ["exec"] and argv[2:5] == ["ctr", "--namespace", "k8s.io"]:
-        # the node's containerd names a loaded image as kind's load does (docker.io/library/)
+        # the node's containerd names an imported image as ctr import does (docker.io/library/)
         what = argv[5:]
         labels = state.setdefault("node_labels", {})
         if what == ["images", "list", "--quiet"]:
@@ -232,15 +232,6 @@ def _kind(argv: list[str], state: dict, seen: dict) -> str:
         if f"kind-{name}" not in state["contexts"]:
             state["contexts"].append(f"kind-{name}")
         return f"Set kubectl context to \"kind-{name}\""
-    if argv[:2] == ["load", "docker-image"]:
-        image = args[0]
-        if image not in state["images"]:
-            raise _Fail(f"ERROR: image: \"{image}\" not present locally")
-        if image in state["kind_images"]:
-            return f"Image: \"{image}\" with ID \"sha256:0\" found to be already present on " \
-                   "all nodes."
-        state["kind_images"].append(image)
-        return f"Image: \"{image}\" with ID \"sha256:0\" not yet present on node, loading..."
     if argv[:2] == ["delete", "cluster"]:
         state["clusters"].remove(name)
         state["contexts"].remove(f"kind-{name}")
