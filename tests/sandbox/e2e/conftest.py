@@ -84,7 +84,10 @@ def ours_in_docker() -> dict[str, set[str]]:
 def _kind_clusters() -> set[str]:
     from michelangelo.sandbox._commands import find_tool
 
-    done = subprocess.run([find_tool("kind") or "kind", "get", "clusters"],
+    kind = find_tool("kind")
+    if kind is None:  # a cold machine: create builds kind, so no cluster of its exists yet
+        return set()
+    done = subprocess.run([kind, "get", "clusters"],
                           capture_output=True, text=True, timeout=60, check=True)
     return set(done.stdout.split())
 
