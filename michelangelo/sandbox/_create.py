@@ -331,7 +331,8 @@ class Creator:
         outcome = f"{self._image} on the kind node"
         if self._loading is not None:
             outcome += f", loaded in {self._finish_load(self._loading):.0f} s"
-        removed = self._remove_older_node_images()
+        # the node keeps its own copy of each runtime image loaded into it
+        removed = self._node.remove_others(IMAGE_REPOSITORY, self._image.split(":", 1)[1])
         return outcome + (f"; {removed} older runtime image(s) removed from it" if removed
                           else "")
 
@@ -340,24 +341,6 @@ class Creator:
         seconds = load.wait(_LOAD_TIMEOUT_S)
         self._loading = None
         return seconds
-
-    def _remove_older_node_images(self) -> int:
-        """The node keeps its own copy of each runtime image loaded into it: remove those of
-        earlier projects (the node's disk is this machine's), but any a container still runs.
-        ``ctr`` is in every kind node image (``crictl`` is not in the one built here)."""
-        ctr = self._node.ctr
-        images = run((*ctr, "images", "list", "--quiet"), check=False)
-        containers = run((*ctr, "containers", "list"), check=False)
-        if images.returncode != 0 or containers.returncode != 0:
-            return 0
-        in_use = {line.split()[1] for line in containers.stdout.splitlines()[1:]
-                  if len(line.split()) > 1}
-        current = self._image.split(":", 1)[1]
-        older = [ref for ref in images.stdout.split()
-                 if f"/{IMAGE_REPOSITORY}:" in ref and not ref.endswith(f":{current}")
-                 and ref not in in_use]
-        return sum(run((*ctr, "images", "remove", ref), check=False).returncode == 0
-                   for ref in older)
 
     def write_settings(self) -> str:
         path = write_sandbox_settings(self.settings)

@@ -50,14 +50,36 @@ class NodeImages:
 
     def labelled_ids(self) -> dict[str, str]:
         """containerd name -> the Docker image ID it was loaded from (labelled images only)."""
+        return {ref: labels[ID_LABEL] for ref, labels in (self._listing() or {}).items()
+                if ID_LABEL in labels}
+
+    def remove_others(self, repository: str, keep: str) -> int:
+        """Remove the node's images of ``repository`` but the tag ``keep`` and any that a
+        container still runs (the node's disk is this machine's); returns how many went.
+        ``ctr`` is in every kind node image (``crictl`` is not in the one built here)."""
+        listing = self._listing()
+        containers = run((*self.ctr, "containers", "list"), check=False)
+        if listing is None or containers.returncode != 0:
+            return 0
+        in_use = {line.split()[1] for line in containers.stdout.splitlines()[1:]
+                  if len(line.split()) > 1}
+        older = [ref for ref in listing
+                 if f"/{repository}:" in ref and not ref.endswith(f":{keep}")
+                 and ref not in in_use]
+        return sum(run((*self.ctr, "images", "remove", ref), check=False).returncode == 0
+                   for ref in older)
+
+    def _listing(self) -> dict[str, dict[str, str]] | None:
+        """containerd name -> its labels, from one ``ctr images list`` (None if it failed)."""
         listed = run((*self.ctr, "images", "list"), check=False)
+        if listed.returncode != 0:
+            return None
         found = {}
         for line in listed.stdout.splitlines()[1:]:
             words = line.split()
-            labels = dict(pair.split("=", 1) for pair in words[-1].split(",") if "=" in pair) \
-                if words else {}
-            if ID_LABEL in labels:
-                found[words[0]] = labels[ID_LABEL]
+            if words:
+                found[words[0]] = dict(pair.split("=", 1) for pair in words[-1].split(",")
+                                       if "=" in pair)
         return found
 
     def start(self, images: dict[str, str]) -> ImageLoad:

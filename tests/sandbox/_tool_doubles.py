@@ -146,8 +146,6 @@ def _docker(argv: list[str], state: dict, seen: dict, stdin: str = "") -> str:
         # the node's containerd names an imported image as ctr import does (docker.io/library/)
         what = argv[5:]
         labels = state.setdefault("node_labels", {})
-        if what == ["images", "list", "--quiet"]:
-            return "\n".join(f"docker.io/library/{tag}" for tag in state["kind_images"])
         if what == ["images", "list"]:
             return "REF TYPE DIGEST SIZE PLATFORMS LABELS\n" + "\n".join(
                 f"docker.io/library/{tag} application/vnd.docker.distribution.manifest.v2+json "

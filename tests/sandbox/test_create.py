@@ -105,7 +105,7 @@ def test_first_run_command_sequence(runs):
          "job/minio-make-bucket", "--timeout=300s"],
         [*CTR, "images", "label", f"docker.io/library/{settings.image}",
          f"michelangelo.sandbox/docker-image-id={image_id(settings.image)}"],
-        [*CTR, "images", "list", "--quiet"], [*CTR, "containers", "list"],
+        [*CTR, "images", "list"], [*CTR, "containers", "list"],
     ]
     # no archive on disk: docker save streams into the node's containerd
     assert sorted(stream) == [IMPORT, ["docker", "save", settings.image]]
@@ -228,7 +228,7 @@ def test_second_run_changes_nothing(runs):
          "deployment/minio", "--timeout=300s"],
         ["kubectl", *CTX, "--namespace", "michelangelo", "wait", "--for=condition=complete",
          "job/minio-make-bucket", "--timeout=300s"],
-        [*CTR, "images", "list", "--quiet"], [*CTR, "containers", "list"],
+        [*CTR, "images", "list"], [*CTR, "containers", "list"],
     ]
     # the same credentials (read back from the Secret), so MinIO keeps working
     assert runs["second_settings"] == runs["first_settings"]
