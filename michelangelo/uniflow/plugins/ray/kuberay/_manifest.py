@@ -291,7 +291,7 @@ def _wait_for_head(image: str, cluster: str, auth: str,
     s, on a GCS that is still starting, then sleeps 5 s. This one runs the same check with
     1 s timeouts every second, so KubeRay's check passes at its first try a few seconds
     after the GCS listens. After two minutes it leaves the wait to KubeRay's loop, which
-    then prints its own troubleshooting messages. ``FQ_RAY_IP`` (the head Service's name)
+    then prints its own troubleshooting messages. It ends on SIGTERM (a deleted pod). ``FQ_RAY_IP`` (the head Service's name)
     is set by KubeRay on every init container; the token, in token mode, is given here as
     KubeRay gives it to its own. Like KubeRay's, it also gets the Ray container's ``env``
     (the task's ``env_vars``, which may configure Ray's client), with its own settings last.
@@ -302,7 +302,11 @@ def _wait_for_head(image: str, cluster: str, auth: str,
         env += [{"name": "RAY_AUTH_MODE", "value": "token"},
                 {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {
                     "name": cluster, "key": AUTH_TOKEN_KEY}}}]
+    # The script is the container's PID 1, which ignores a signal it has no handler for: a
+    # pod deleted while it waits (a Ctrl-C during provisioning) would hold the whole
+    # termination grace period (30 s) instead of ending after the current check.
     script = (
+        "trap 'exit 143' TERM INT\n"
         '[ -n "$FQ_RAY_IP" ] || exit 0\n'
         f'address="$FQ_RAY_IP:{HEAD_PORTS["gcs"]}"\n'
         "SECONDS=0\n"

@@ -246,11 +246,14 @@ def wait_for_service(api: KubeApi, name: str, namespace: str, *, deadline_s: flo
             raise ClusterError(f"RayService {namespace}/{name} cannot start: {fatal}. Fix the "
                                "image or the deploying task's RayTask."
                                + last_words(api, namespace, pods))
-        line = service_status(obj) + (f" ({'; '.join(reasons)})" if reasons else "")
+        ready = fresh and service_ready(obj)
+        # a ready service's line leaves out the warnings of its way there (they are in seen)
+        line = service_status(obj) + (f" ({'; '.join(reasons)})" if reasons and not ready
+                                      else "")
         if line != last:
             on_progress(line)
             last = line
-        if fresh and service_ready(obj):
+        if ready:
             return obj
         if time.monotonic() > deadline:
             raise ClusterError(

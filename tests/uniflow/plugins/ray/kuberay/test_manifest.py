@@ -348,6 +348,33 @@ def test_the_wait_script_runs_until_the_check_passes(tmp_path, fq_ray_ip, fails,
     assert said in done.stdout
 
 
+def test_the_wait_script_ends_on_sigterm_as_a_deleted_pod_sends_it(tmp_path):
+    """As PID 1, a shell without a handler ignores SIGTERM and the pod takes its whole grace
+    period to go; the script has one, and ends after the check under way."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    wait = _wait_for_head(ray_cluster_manifest(TASKS["cpu-only"], name="uf-x"))
+    fake = tmp_path / "ray"  # a head that never answers
+    fake.write_text("#!/bin/bash\nexit 1\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}",
+           "FQ_RAY_IP": "uf-x-head-svc.default.svc.cluster.local"}
+    proc = subprocess.Popen([*wait["command"], *wait["args"]], env=env,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.5)
+        assert proc.poll() is None  # still waiting for the head
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 143
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_nodes_count_as_ready_soon_after_their_ray_is_up():
     """KubeRay's own readiness probe (the node's ``/api/healthz``) first asks after 10 s; the
     manifest gives the same probe asked after 1 s and every second. A RayService's workers
