@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from michelangelo.sandbox._build_images import BuiltImages, build_images
 from michelangelo.sandbox._build_steps import FILES
 from michelangelo.sandbox._commands import run
-from michelangelo.sandbox._doctor import doctor
+from michelangelo.sandbox._doctor import doctor, engine_on_this_machine
 from michelangelo.sandbox._errors import SandboxError
 from michelangelo.sandbox._image import (
     IMAGE_REPOSITORY,
@@ -41,6 +41,7 @@ from michelangelo.sandbox._settings import (
     NAMESPACE,
     STORAGE_SECRET,
     SandboxSettings,
+    cache_root,
     settings_path,
     write_sandbox_settings,
 )
@@ -188,15 +189,32 @@ class Creator:
         config = os.path.join(os.path.dirname(os.path.abspath(settings_path())),
                               "sandbox-kind.json")
         os.makedirs(os.path.dirname(config), exist_ok=True)
-        cgroup_v1 = run(("docker", "info", "--format", "{{.CgroupVersion}}"),
-                        check=False).stdout.strip() == "1"
+        info = run(("docker", "info", "--format", "{{json .}}"), check=False).stdout
+        try:
+            info = json.loads(info or "{}")
+        except ValueError:
+            info = {}
+        store = self._image_store(info)
         with open(config, "w", encoding="utf-8") as handle:
-            json.dump(kind_config(cgroup_v1=cgroup_v1), handle, indent=2)
+            json.dump(kind_config(cgroup_v1=str(info.get("CgroupVersion")) == "1",
+                                  image_store=store), handle, indent=2)
         image = ("--image", self._built.node) if self._built else ()
         run(("kind", "create", "cluster", "--name", CLUSTER_NAME, "--config", config,
              *image, "--wait", "120s"), timeout=900)
         ports = ", ".join(f"127.0.0.1:{host}" for host, _ in HOST_PORTS.values())
-        return f"created (ports {ports}; config {config})"
+        kept = f"; node images kept in {store}" if store else ""
+        return f"created (ports {ports}; config {config}{kept})"
+
+    def _image_store(self, info: dict) -> str | None:
+        """The folder the node's containerd keeps its images in across clusters: a built
+        node (its boot drops what containers an earlier cluster left there before the
+        kubelet starts) on an engine of this machine. Elsewhere (Docker Desktop's VM, a
+        remote engine) each cluster's node unpacks its images afresh."""
+        if not self._built or not engine_on_this_machine(info):
+            return None
+        store = cache_root() / "sandbox-node" / "containerd"
+        store.mkdir(parents=True, exist_ok=True)
+        return str(store)
 
     def _check_port_mappings(self) -> None:
         # kind cannot add port mappings to an existing cluster: one made without them (by

@@ -203,7 +203,7 @@ def check_engine_setup() -> list[ToolReport]:
     reports.append(ToolReport(
         "cgroups", None, f"{cgroup_driver}/v{cgroup_version}", cgroup_driver != "none",
         "the engine runs without cgroups", "run the engine where cgroups are mounted"))
-    if info.get("Name") != socket.gethostname():
+    if not engine_on_this_machine(info):
         # An engine on another host (Docker Desktop's VM, a remote daemon): its capabilities
         # and folders are not this machine's, and kind's own checks speak for them.
         return reports
@@ -228,6 +228,12 @@ def check_engine_setup() -> list[ToolReport]:
         "kind mounts /lib/modules into its node and Docker refuses a missing folder",
         "create it (sudo mkdir -p /lib/modules); tools/docker_engine.sh start does"))
     return reports
+
+
+def engine_on_this_machine(info: dict) -> bool:
+    """Whether the engine ``docker info`` described runs on this machine, so that its
+    containers see this machine's folders (not Docker Desktop's VM, nor a remote daemon)."""
+    return info.get("Name") == socket.gethostname()
 
 
 def _present_base_image() -> str | None:

@@ -82,7 +82,7 @@ def test_first_run_command_sequence(runs):
          "--file", os.path.join(context, "Dockerfile"), context],
         ["docker", "images", "michelangelo-sandbox", "--format", "{{.Repository}}:{{.Tag}}"],
         ["kind", "get", "clusters"],
-        ["docker", "info", "--format", "{{.CgroupVersion}}"],
+        ["docker", "info", "--format", "{{json .}}"],
         ["kind", "create", "cluster", "--name", "michelangelo", "--config", config,
          "--wait", "120s"],
         ["kind", "export", "kubeconfig", "--name", "michelangelo"],
@@ -133,6 +133,39 @@ def test_kind_config_maps_ports_to_loopback(runs):
                         (9000, 30900, "127.0.0.1"), (9001, 30901, "127.0.0.1")}
     assert runs["settings"].node_ports == {"dashboard": 30265, "serve": 30800, "s3": 30900,
                                            "s3_console": 30901}
+
+
+def test_a_registry_node_unpacks_its_images_afresh(runs):
+    # kindest/node's boot does not clear an earlier cluster's containers: no kept store
+    (node,) = runs["first_calls"][11]["seen"]["config"]["nodes"]
+    assert "extraMounts" not in node
+    assert "node images kept" not in runs["first"].output
+
+
+def test_kind_config_keeps_the_node_image_store_in_a_folder_given():
+    from michelangelo.sandbox._kind_config import kind_config
+
+    (node,) = kind_config(image_store="/cache/sandbox-node/containerd")["nodes"]
+    assert node["extraMounts"] == [{"hostPath": "/cache/sandbox-node/containerd",
+                                    "containerPath": "/var/lib/containerd"}]
+
+
+def test_a_built_node_keeps_its_image_store_only_on_an_engine_of_this_machine(tmp_path,
+                                                                           monkeypatch):
+    import socket
+
+    from michelangelo.sandbox._build_images import BuiltImages
+    from michelangelo.sandbox._create import CreateOptions, Creator
+
+    monkeypatch.setenv("MICHELANGELO_CACHE", str(tmp_path))
+    creator = Creator(CreateOptions(build_images=True), echo=lambda _: None)
+    here = {"Name": socket.gethostname()}
+    assert creator._image_store(here) is None  # the registry's kindest/node: no store
+    creator._built = BuiltImages.__new__(BuiltImages)
+    store = creator._image_store(here)
+    assert store == str(tmp_path / "sandbox-node" / "containerd") and os.path.isdir(store)
+    assert creator._image_store({"Name": "docker-desktop"}) is None  # the folder is not the VM's
+    assert creator._image_store({}) is None
 
 
 def test_storage_manifests(runs):

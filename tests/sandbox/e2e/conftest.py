@@ -101,7 +101,11 @@ def before_sandbox() -> dict[str, set[str]]:
 @pytest.fixture(scope="session")
 def sandbox(before_sandbox):
     """The sandbox, created once (``doctor`` first, as the docs say); deleted at the end when
-    the last test has not done it already."""
+    the last test has not done it already. A sandbox made before (by hand, or by a run that
+    was killed, whose node Docker restarts) is deleted first: its RayClusters would take the
+    node's room, and the tests count the RayClusters they make."""
+    if "michelangelo" in before_sandbox["kind clusters"]:
+        michelangelo("sandbox", "delete", timeout=600)
     michelangelo("sandbox", "doctor", *CREATE_FLAGS, timeout=120)
     created = michelangelo("sandbox", "create", *CREATE_FLAGS, timeout=3600)
     try:
