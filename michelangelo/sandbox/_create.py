@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from michelangelo.sandbox._build_images import BuiltImages, build_images
 from michelangelo.sandbox._build_steps import FILES
 from michelangelo.sandbox._commands import run
-from michelangelo.sandbox._doctor import doctor, engine_on_this_machine
+from michelangelo.sandbox._doctor import doctor, engine_info, engine_on_this_machine
 from michelangelo.sandbox._errors import SandboxError
 from michelangelo.sandbox._image import (
     IMAGE_REPOSITORY,
@@ -189,11 +189,7 @@ class Creator:
         config = os.path.join(os.path.dirname(os.path.abspath(settings_path())),
                               "sandbox-kind.json")
         os.makedirs(os.path.dirname(config), exist_ok=True)
-        info = run(("docker", "info", "--format", "{{json .}}"), check=False).stdout
-        try:
-            info = json.loads(info or "{}")
-        except ValueError:
-            info = {}
+        info = engine_info() or {}
         store = self._image_store(info)
         with open(config, "w", encoding="utf-8") as handle:
             json.dump(kind_config(cgroup_v1=str(info.get("CgroupVersion")) == "1",

@@ -186,11 +186,8 @@ def _read(path: str) -> str:
 def check_engine_setup() -> list[ToolReport]:
     """The engine's storage and cgroup drivers, the cgroup version, and whether privileged
     containers (the kind node) can start here: kind needs them all."""
-    done = subprocess.run(["docker", "info", "--format", "{{json .}}"], capture_output=True,
-                          text=True, stdin=subprocess.DEVNULL, timeout=_TIMEOUT_S, check=False)
-    try:
-        info = json.loads(done.stdout)
-    except ValueError:
+    info = engine_info()
+    if info is None:
         return [ToolReport("engine setup", None, None, False, "'docker info' gave no JSON",
                            "check that the engine runs: docker info")]
     reports = []
@@ -228,6 +225,18 @@ def check_engine_setup() -> list[ToolReport]:
         "kind mounts /lib/modules into its node and Docker refuses a missing folder",
         "create it (sudo mkdir -p /lib/modules); tools/docker_engine.sh start does"))
     return reports
+
+
+def engine_info() -> dict | None:
+    """What ``docker info`` says of the engine, as a dict; None when it gives no JSON (no
+    engine answers)."""
+    done = subprocess.run(["docker", "info", "--format", "{{json .}}"], capture_output=True,
+                          text=True, stdin=subprocess.DEVNULL, timeout=_TIMEOUT_S, check=False)
+    try:
+        info = json.loads(done.stdout)
+    except ValueError:
+        return None
+    return info if isinstance(info, dict) else None
 
 
 def engine_on_this_machine(info: dict) -> bool:

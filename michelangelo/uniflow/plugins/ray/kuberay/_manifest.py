@@ -291,10 +291,11 @@ def _wait_for_head(image: str, cluster: str, auth: str,
     s, on a GCS that is still starting, then sleeps 5 s. This one runs the same check with
     1 s timeouts every second, so KubeRay's check passes at its first try a few seconds
     after the GCS listens. After two minutes it leaves the wait to KubeRay's loop, which
-    then prints its own troubleshooting messages. It ends on SIGTERM (a deleted pod). ``FQ_RAY_IP`` (the head Service's name)
-    is set by KubeRay on every init container; the token, in token mode, is given here as
-    KubeRay gives it to its own. Like KubeRay's, it also gets the Ray container's ``env``
-    (the task's ``env_vars``, which may configure Ray's client), with its own settings last.
+    then prints its own troubleshooting messages. It ends on SIGTERM (a deleted pod).
+    ``FQ_RAY_IP`` (the head Service's name) is set by KubeRay on every init container; the
+    token, in token mode, is given here as KubeRay gives it to its own. Like KubeRay's, it
+    also gets the Ray container's ``env`` (the task's ``env_vars``, which may configure Ray's
+    client), with its own settings last.
     """
     env = [dict(item) for item in node_env]
     env += [{"name": key, "value": value} for key, value in _HEALTH_CHECK_TIMEOUTS.items()]
